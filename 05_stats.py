@@ -1,0 +1,263 @@
+"""05_stats — the campaign's numbers (SPEC §6): paired gains, gates, transfer ratios, sensitivity views, diagnostics.
+
+Reads every eval unit (`evals/<alias>/<benchmark>/<protocol>/`) and training run (`train/<run>/`) of one campaign
+directory, each verified against its manifest, plus `raft/stats.json` when 07_raft has run. Writes `stats/`:
+
+    teacher_gains.json     π_post − π_pre on every benchmark/protocol both have; the teacher-gain gate
+    student_gains.json     every evaluated checkpoint − the student's init (paired, same seeds/problems); gain scan
+    transfer.json          student gain ÷ teacher gain with the five guards, per checkpoint and benchmark
+    cap_sensitivity.json   π_post held to π_pre's max_new_tokens: over-cap-as-wrong and kept-only
+    diagnostics.json       per unit: truncation, tokens, answer format, extraction/accuracy on truncated samples
+    training.json          per run: per-step curves of the SPEC §7.4 metrics and the collapse watch
+    raft.json              RAFT stage-1/SFT numbers passed through from raft/stats.json, and gate G2
+    manifest.json          every input file with its sha256
+
+Every comparison is lib.stats.paired_bootstrap (10,000 resamples, default_rng(42)); a unit that cannot be paired
+(missing problems, duplicated samples, mismatched seeds) stops the stage with a message naming it.
+
+    python 05_stats.py --run-dir runs/toy [--pair toy]
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from pathlib import Path
+
+from lib import stats
+from lib.artifacts import atomic_write_json, read_json, sha256_file, verify_dir, wall_clock, write_manifest
+from lib.campaign import CURVE_KEYS, collapse_watch, diagnostics, find_runs, load_run, load_units
+from lib.registry import PAIRS, PROTOCOLS, STUDENTS
+
+# --- args ---
+ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+ap.add_argument("--run-dir", required=True, help="campaign directory, e.g. runs/toy")
+ap.add_argument("--pair", default=None, choices=sorted(PAIRS),
+                help="teacher pair of the campaign; default: the pair recorded in the run summaries / eval manifests")
+ap.add_argument("--n-boot", type=int, default=stats.N_BOOT, help="bootstrap resamples (SPEC §6: 10,000)")
+ap.add_argument("--seed", type=int, default=stats.SEED, help="bootstrap RNG seed (SPEC §6: 42)")
+args = ap.parse_args()
+started, t0 = wall_clock()
+run_dir = Path(args.run_dir)
+out_dir = run_dir / "stats"
+
+# --- inputs: units and runs, each verified against its manifest ---
+units = load_units(run_dir)
+runs = [load_run(run_dir, d) for d in find_runs(run_dir)]
+if not units and not runs:
+    raise SystemExit(f"{run_dir} holds no eval unit (evals/*/*/*/scores.json) and no training run; run 02/03/04 first")
+inputs = {}
+for u in units:
+    for f in ("samples.jsonl", "scores.json"):
+        inputs[f"{u.rel}/{f}"] = u.manifest["outputs"][f]
+    inputs[f"{u.rel}/manifest.json"] = sha256_file(u.dir / "manifest.json")
+for r in runs:
+    for f in ("metrics.jsonl", "summary.json"):
+        if f in r["manifest"]["outputs"]:
+            inputs[f"{r['rel']}/{f}"] = r["manifest"]["outputs"][f]
+    inputs[f"{r['rel']}/manifest.json"] = sha256_file(run_dir / r["rel"] / "manifest.json")
+
+
+def recorded_pairs() -> set[str]:
+    """The pair each stage says it ran for: run summaries, checkpoint/eval manifests' args."""
+    found = {r["summary"].get("pair") for r in runs} | {u.manifest.get("args", {}).get("pair") for u in units}
+    return {p for p in found if p}
+
+
+pairs = recorded_pairs()
+if args.pair:
+    pair_name = args.pair
+elif len(pairs) == 1:
+    pair_name = pairs.pop()
+else:
+    raise SystemExit(f"cannot tell the campaign's pair: recorded {sorted(pairs) or 'none'}; pass --pair NAME")
+pair = PAIRS[pair_name]
+print(f"05_stats: {run_dir} pair={pair_name} units={len(units)} runs={len(runs)}")
+
+by_key = {(u.alias, u.benchmark, u.protocol): u for u in units}
+
+
+def sampling(u) -> tuple:
+    """A unit's sampling settings: units pair across protocols only when these agree (curve8 ⊂ sample32, not greedy)."""
+    if u.protocol in PROTOCOLS:
+        p = PROTOCOLS[u.protocol]
+        return (p.temperature, p.top_p)
+    g = u.scores.get("provenance", {}).get("generation", {})
+    return (g.get("temperature"), g.get("top_p"))
+
+
+def compare(a, b) -> dict:
+    """Paired gain of unit b over unit a. A reduced unit (declared deviations) pairs on its own problem subset."""
+    ids = None
+    ia, ib = {r["problem_id"] for r in a.rows}, {r["problem_id"] for r in b.rows}
+    for small, big, u in ((ib, ia, b), (ia, ib, a)):
+        if small < big and u.scores.get("deviations"):
+            ids = sorted(small)
+    res = stats.paired_bootstrap(a.correct(), b.correct(), args.n_boot, args.seed, (a.rel, b.rel), ids)
+    res["audit"]["subset"] = None if ids is None else f"paired on the {len(ids)} problems of the reduced unit"
+    return {"benchmark": b.benchmark, "protocol": b.protocol, "protocol_a": a.protocol, "unit_a": a.rel,
+            "unit_b": b.rel, "alias_a": a.alias, "alias_b": b.alias, **res}
+
+
+# --- teacher gains and the gate ---
+teacher = []
+for (alias, bench, proto), pre in sorted(by_key.items()):
+    post = by_key.get((pair.pi_post, bench, proto))
+    if alias == pair.pi_pre and post is not None:
+        teacher.append(compare(pre, post))
+gate_protocols = [p for b, p in pair.evals if b == pair.gate_benchmark]
+gate_protocols += sorted(t["protocol"] for t in teacher if t["benchmark"] == pair.gate_benchmark)
+gate_entry = next((t for p in gate_protocols for t in teacher
+                   if t["benchmark"] == pair.gate_benchmark and t["protocol"] == p), None)
+gate = {"benchmark": pair.gate_benchmark, "protocol": gate_entry["protocol"] if gate_entry else None,
+        **stats.teacher_gate(gate_entry)}
+for t in teacher:
+    print(f"  teacher {t['benchmark']}/{t['protocol']}: {stats.format_gain(t)}")
+print(f"  teacher-gain gate ({gate['benchmark']}/{gate['protocol']}): {'PASS' if gate['pass'] else 'FAIL'} — {gate['reason']}")
+
+# --- student gains: every evaluated checkpoint against the student's init ---
+student, missing = [], []
+for u in units:
+    m = u.model
+    if m.get("train_run") is None:
+        continue
+    init = m.get("student_init")
+    if not init:
+        raise SystemExit(f"unit {u.rel} is a checkpoint of {m['train_run']} but names no provenance.model.student_init; "
+                         f"re-run 04_eval with the checkpoint folder (its checkpoint.json names the init)")
+    cands = [b for b in units if b.alias == init and b.benchmark == u.benchmark and b.model.get("train_run") is None]
+    base = next((b for b in cands if b.protocol == u.protocol), None)
+    if base is None:   # e.g. an 8-seed curve unit against the 32-seed baseline: same sampling, nested seeds
+        nested = [b for b in cands if sampling(b) == sampling(u) and set(u.scores["seeds"]) <= set(b.scores["seeds"])]
+        base = min(nested, key=lambda b: len(b.scores["seeds"]), default=None)
+    if base is None:
+        missing.append({"unit": u.rel, "student_init": init, "benchmark": u.benchmark, "protocol": u.protocol})
+        continue
+    g = compare(base, u)
+    g.update(run=m["train_run"], step=int(m["train_step"]), student_init=init)
+    student.append(g)
+student.sort(key=lambda g: (g["run"], g["step"], g["benchmark"], g["protocol"], g["alias_b"]))
+terminal = {}
+for g in student:
+    terminal[g["run"]] = max(terminal.get(g["run"], g["step"]), g["step"])
+for g in student:
+    g["terminal"] = g["step"] == terminal[g["run"]]
+    print(f"  student {g['run']}@{g['step']} {g['benchmark']}/{g['protocol']}: {stats.format_gain(g)}")
+scan = stats.gain_scan(student)
+print(f"  gain scan: {scan}")
+
+# --- transfer ratio: student gain ÷ the pair's teacher gain on the same benchmark and sampling ---
+transfer = []
+for g in student:
+    same = [t for t in teacher if t["benchmark"] == g["benchmark"] and t["protocol"] == g["protocol"]]
+    if not same:
+        s_unit = by_key[(g["alias_b"], g["benchmark"], g["protocol"])]
+        same = [t for t in teacher if t["benchmark"] == g["benchmark"]
+                and sampling(by_key[(t["alias_b"], t["benchmark"], t["protocol"])]) == sampling(s_unit)]
+    if not same:
+        continue
+    t = same[0]
+    transfer.append({"run": g["run"], "step": g["step"], "terminal": g["terminal"], "benchmark": g["benchmark"],
+                     "protocol": g["protocol"], "teacher_protocol": t["protocol"],
+                     "teacher_gain_pp": t["gain_pp"], "teacher_ci95_pp": t["ci95_pp"],
+                     "student_gain_pp": g["gain_pp"], "student_ci95_pp": g["ci95_pp"],
+                     **stats.transfer_ratio(t, g)})
+
+# --- cap sensitivity: π_post's stored samples held to π_pre's max_new_tokens ---
+cap_views = []
+for t in teacher:
+    pre, post = by_key[(t["alias_a"], t["benchmark"], t["protocol"])], by_key[(t["alias_b"], t["benchmark"], t["protocol"])]
+    if pre.max_new_tokens and post.max_new_tokens and post.max_new_tokens > pre.max_new_tokens:
+        v = stats.cap_sensitivity(pre.correct(), post.correct(), post.tokens(), pre.max_new_tokens, args.n_boot,
+                                  args.seed, (pre.rel, post.rel))
+        v.update(benchmark=t["benchmark"], protocol=t["protocol"], unit_a=pre.rel, unit_b=post.rel,
+                 post_cap=post.max_new_tokens, native=t)
+        cap_views.append(v)
+
+# --- diagnostics per unit ---
+def role(u) -> str:
+    if u.model.get("train_run") is not None:
+        return "checkpoint"
+    inits = {g["student_init"] for g in student} | {STUDENTS[pair.student].model}
+    return {"raft": "raft_teacher", pair.pi_pre: "pi_pre", pair.pi_post: "pi_post"}.get(u.alias) or \
+        ("student_init" if u.alias in inits else "other")
+
+
+diag = []
+for u in units:
+    d = diagnostics(u.rows)
+    recorded = u.scores.get("accuracy")
+    diag.append({"unit": u.rel, "alias": u.alias, "benchmark": u.benchmark, "protocol": u.protocol, "role": role(u),
+                 "train_run": u.model.get("train_run"), "train_step": u.model.get("train_step"),
+                 "max_new_tokens": u.max_new_tokens, "deviations": u.scores.get("deviations", []),
+                 "n_seeds": len(u.scores["seeds"]), "scores_accuracy_pct": recorded,
+                 "accuracy_matches_scores": recorded is None or math.isclose(recorded, d["accuracy_pct"], abs_tol=1e-6), **d})
+
+
+# --- training runs: curves and the collapse watch ---
+def finite(x):
+    return x if isinstance(x, (int, float)) and math.isfinite(x) else None
+
+
+training = []
+for r in runs:
+    met, summ = r["metrics"], r["summary"]
+    watch = collapse_watch(met)
+    curves = {k: [[m["step"], finite(m.get(k))] for m in met] for k in CURVE_KEYS if any(k in m for m in met)}
+    wr = [finite(m.get("delta_opd/weighted_reward_mean")) for m in met]
+    wr = [x for x in wr if x is not None]
+    gn = [(finite(m.get("actor/grad_norm")), m["step"]) for m in met if finite(m.get("actor/grad_norm")) is not None]
+    # the trainer's own live watch (summary.json: longest_clip90_run is a length there) must agree with the metrics
+    mine = {"collapse_onset_step": watch["collapse_onset_step"], "length_runaway_step": watch["length_runaway_step"],
+            "longest_clip90_run": watch["longest_clip90_len"]}
+    recorded = {k: summ[k] for k in mine if k in summ}
+    training.append({
+        "run": r["name"], "dir": r["rel"], "pair": summ.get("pair"), "reward": summ.get("reward"),
+        "student": summ.get("student"), "steps_planned": summ.get("steps"), "steps_logged": len(met),
+        "first_step": met[0]["step"], "last_step": met[-1]["step"], "checkpoints": r["checkpoints"],
+        "watch": watch, "summary_watch": recorded,
+        "watch_agrees": all(recorded[k] == mine[k] for k in recorded),
+        "weighted_reward": {"first": wr[0] if wr else None, "last": wr[-1] if wr else None,
+                            "n_negative": sum(x < 0 for x in wr), "n": len(wr)},
+        "grad_norm_peak": {"value": max(gn)[0], "step": max(gn)[1]} if gn else None,
+        "curves": curves})
+    print(f"  run {r['name']}: {len(met)} steps, onset {watch['collapse_onset_step']}, band {watch['collapse_band']}")
+
+# --- RAFT (07_raft writes raft/stats.json; keys documented in 06_report.py's RAFT section) ---
+raft = {"present": False}
+raft_dir = run_dir / "raft"
+if (raft_dir / "stats.json").exists():
+    verify_dir(raft_dir, ["stats.json"])
+    inputs["raft/stats.json"] = sha256_file(raft_dir / "stats.json")
+    inputs["raft/manifest.json"] = sha256_file(raft_dir / "manifest.json")
+    rs = read_json(raft_dir / "stats.json")
+    base = rs.get("base", pair.pi_pre)
+    g2 = [compare(by_key[(base, b, p)], u) for (a, b, p), u in sorted(by_key.items())
+          if a == "raft" and (base, b, p) in by_key]
+    g2_bench = ("math500", "sample4") if any(g["benchmark"] == "math500" for g in g2) else \
+        (pair.gate_benchmark, gate_protocols[0] if gate_protocols else None)
+    g2_entry = next((g for g in g2 if (g["benchmark"], g["protocol"]) == g2_bench), None)
+    raft = {"present": True, "stats": rs, "base": base, "g2_gains": g2,
+            "gate_g2": {"benchmark": g2_bench[0], "protocol": g2_bench[1],
+                        "pass": bool(g2_entry and g2_entry["ci_excludes_0"] and g2_entry["gain_pp"] > 0)}}
+elif raft_dir.exists():
+    print(f"  note: {raft_dir} exists without stats.json (07_raft has not finished); RAFT section left empty")
+
+# --- write ---
+for name, obj in {
+    "teacher_gains.json": {"pair": pair_name, "pi_pre": pair.pi_pre, "pi_post": pair.pi_post, "gate": gate,
+                           "gains": teacher, "n_boot": args.n_boot, "seed": args.seed},
+    "student_gains.json": {"pair": pair_name, "gains": student, "scan": scan, "missing_baselines": missing},
+    "transfer.json": {"pair": pair_name, "min_teacher_gain_pp": stats.MIN_TEACHER_GAIN_PP, "ratios": transfer},
+    "cap_sensitivity.json": {"pair": pair_name, "views": cap_views},
+    "diagnostics.json": {"units": diag},
+    "training.json": {"runs": training},
+    "raft.json": raft,
+}.items():
+    atomic_write_json(out_dir / name, obj)
+write_manifest(out_dir, stage="05_stats", script=__file__, args=vars(args),
+               inputs={k: {"path": k, "sha256": v} for k, v in sorted(inputs.items())},
+               outputs=[out_dir / n for n in ("teacher_gains.json", "student_gains.json", "transfer.json",
+                                              "cap_sensitivity.json", "diagnostics.json", "training.json", "raft.json")],
+               started=started, wall_s=time.monotonic() - t0, extra={"pair": pair_name})
+print(f"05_stats: wrote {out_dir}")

@@ -1,0 +1,370 @@
+"""06_report — the campaign's report, rebuilt from files only (SPEC §11; the source report is the model).
+
+Reads `stats/*.json` (05_stats, verified against stats/manifest.json), re-checks the sha256 of every input 05_stats
+recorded, and sums the time ledger from every manifest.json under the campaign directory (report/ excluded).
+Writes `report/`:
+
+    README.md          TL;DR generated from the numbers, then tables: teacher gains and the gate, training dynamics
+                       and the collapse watch, student gain per checkpoint, transfer ratio (five guards), gain scan,
+                       per-unit diagnostics, answer-format split, truncation, cap sensitivity, RAFT, alignment audit,
+                       time ledger. Each table names the file its numbers come from.
+    figures/*.png      teacher gains, student gain per checkpoint (collapse band shaded), teacher vs student gain,
+                       training curves per run, answer-format split, RAFT loss
+    MANIFEST.json      every input file (relative to the campaign directory) with its sha256
+    CHECKSUMS.sha256   sha256 of README.md, MANIFEST.json and every figure (`sha256sum -c` format)
+    manifest.json      the stage manifest (the only file here that holds times)
+
+A rebuild from the same inputs is byte-identical (README, figures, MANIFEST.json, CHECKSUMS.sha256). Verdicts follow
+SPEC §6: a gain counts only when its 95 % CI excludes 0.
+
+RAFT section: reads stats/raft.json, i.e. raft/stats.json as 07_raft writes it, with these keys (all optional):
+    base (π_pre alias), k, n_prompts, kept, keep_rate_pct, keep_rate_by_level_pct {level: pct},
+    n_correct_of_k {"0".."k": count}, rejection_reasons {reason: count}, gate_g1 {pass, threshold, kept},
+    sft {val_loss: [[step, loss]], train_loss: [[step, loss]]}, shift_abs_dlogp_per_token,
+    eos_probe {pi_pre, raft} (mean log p of the stop token at true completion ends)
+plus gate G2 computed by 05_stats (alias `raft` vs its base on the shared eval units).
+
+    python 06_report.py --run-dir runs/toy
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import time
+from pathlib import Path
+
+from lib import figures
+from lib.artifacts import (ArtifactError, atomic_write_json, atomic_write_text, read_json, sha256_file, verify_dir,
+                           wall_clock, write_manifest)
+from lib.campaign import find_runs, find_units, time_ledger
+from lib.registry import PAIRS
+from lib.stats import format_gain, verdict
+
+STATS = ("teacher_gains", "student_gains", "transfer", "cap_sensitivity", "diagnostics", "training", "raft")
+
+# --- args ---
+ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+ap.add_argument("--run-dir", required=True, help="campaign directory holding stats/ (run 05_stats.py first)")
+args = ap.parse_args()
+started, t0 = wall_clock()
+run_dir = Path(args.run_dir)
+out_dir, fig_dir = run_dir / "report", run_dir / "report" / "figures"
+
+# --- inputs: stats verified, and every file the stats were computed from still what it was ---
+stats_m = verify_dir(run_dir / "stats")
+S = {k: read_json(run_dir / "stats" / f"{k}.json") for k in STATS}
+files = {f"stats/{rel}": sha for rel, sha in stats_m["outputs"].items()}
+files["stats/manifest.json"] = sha256_file(run_dir / "stats" / "manifest.json")
+for rel, rec in stats_m["inputs"].items():
+    p = run_dir / rel
+    if not p.exists() or sha256_file(p) != rec["sha256"]:
+        raise ArtifactError(f"{p} changed or vanished since 05_stats read it (sha256 recorded in stats/manifest.json); "
+                            f"re-run 05_stats.py --run-dir {run_dir} before building the report")
+    files[rel] = rec["sha256"]
+unread = [d.relative_to(run_dir).as_posix() for d in find_units(run_dir) + find_runs(run_dir)
+          if f"{d.relative_to(run_dir).as_posix()}/manifest.json" not in stats_m["inputs"]]
+if unread:
+    raise ArtifactError(f"{', '.join(unread[:5])} appeared after 05_stats ran, so stats/ does not cover them; "
+                        f"re-run 05_stats.py --run-dir {run_dir} before building the report")
+ledger = time_ledger(run_dir)
+for r in ledger["runs"]:
+    files.setdefault(r["manifest"], sha256_file(run_dir / r["manifest"]))
+
+for old in fig_dir.glob("*.png"):   # figures are rebuilt from scratch; nothing stale survives
+    old.unlink()
+L: list[str] = []                   # README lines
+
+
+# --- formatting: one spelling per kind of number ---
+def pp(x):
+    return "—" if x is None else f"{x:+.3f}"
+
+
+def ci(c):
+    return f"[{c[0]:+.3f}, {c[1]:+.3f}]"
+
+
+def pct(x, nd=1):
+    return "—" if x is None else f"{x:.{nd}f}"
+
+
+def num(x, nd=3):
+    return "—" if x is None else (str(x) if isinstance(x, int) else f"{x:.{nd}f}")
+
+
+def table(head: list[str], rows: list[list], source: str) -> None:
+    if not rows:
+        L.extend(["_(no rows)_", ""])
+        return
+    L.append("| " + " | ".join(head) + " |")
+    L.append("|" + "|".join("---" for _ in head) + "|")
+    L.extend("| " + " | ".join(str(c) for c in r) + " |" for r in rows)
+    L.extend(["", f"Source: {source}", ""])
+
+
+def figure(path: str, alt: str) -> None:
+    L.extend([f"![{alt}](figures/{Path(path).name})", ""])
+
+
+def slug(s: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", s)
+
+
+T, SG, TR, CAP, DG, TRN, RAFT = (S[k] for k in STATS)
+teacher, student, ratios, runs, diag = T["gains"], SG["gains"], TR["ratios"], TRN["runs"], DG["units"]
+diag_by_unit = {d["unit"]: d for d in diag}
+gate = T["gate"]
+gate_entry = next((t for t in teacher if (t["benchmark"], t["protocol"]) == (gate["benchmark"], gate["protocol"])), None)
+primary = {}                         # benchmark → its primary protocol: the first the pair's eval list names for it
+for bench, proto in PAIRS[T["pair"]].evals:
+    primary.setdefault(bench, proto)
+for t in teacher + student:
+    primary.setdefault(t["benchmark"], t["protocol"])
+
+# --- TL;DR, generated from the numbers ---
+tldr = []
+if gate_entry:
+    tldr.append(f"**Teacher-gain gate ({gate['benchmark']}/{gate['protocol']}): {'PASS' if gate['pass'] else 'FAIL'}** "
+                f"— π_post − π_pre = {format_gain(gate_entry)} ({gate['reason']}).")
+else:
+    tldr.append(f"**Teacher-gain gate: not measured** — no paired π_pre/π_post units on {gate['benchmark']}.")
+scan = SG["scan"]
+if student:
+    pos = [g for g in student if verdict(g) == "gain"]
+    v = ("**capability transfer detected** at " + ", ".join(f"{g['run']}@{g['step']} {g['benchmark']}/{g['protocol']} "
+         f"{format_gain(g)}" for g in pos)) if pos else "**no detectable transfer**"
+    tldr.append(f"Of {scan['n']} paired student gains (every evaluated checkpoint against the student's init), "
+                f"{scan['positive_significant']} are positive with a 95 % CI excluding 0 and "
+                f"{scan['negative_significant']} negative with a CI excluding 0: {v}.")
+else:
+    tldr.append("No trained checkpoint has been evaluated yet: there is no student gain to report.")
+term = [r for r in ratios if r["terminal"]]
+if term:
+    shown = [f"{r['run']}@{r['step']} {r['benchmark']}/{r['protocol']}: " +
+             (f"ratio {r['ratio']:.3f}" if r["ratio"] is not None else "withheld (" + ", ".join(r["failed"]) + ")")
+             for r in term]
+    tldr.append("Transfer ratio at the terminal checkpoint — " + "; ".join(shown) + ".")
+for r in runs:
+    w = r["watch"]
+    tldr.append(f"Run `{r['run']}` ({r['steps_logged']} steps): " +
+                (f"termination collapse, onset step {w['collapse_onset_step']} (band {w['collapse_band'][0]}–"
+                 f"{w['collapse_band'][1]})" if w["collapse_onset_step"] is not None else
+                 f"no collapse (peak clip ratio {num(w['peak_clip_ratio'])})") +
+                f"; weighted shift reward negative on {r['weighted_reward']['n_negative']} of "
+                f"{r['weighted_reward']['n']} steps.")
+for v in CAP["views"]:
+    if (v["benchmark"], v["protocol"]) == (gate["benchmark"], gate["protocol"]):
+        tldr.append(f"Cap sensitivity on {v['benchmark']}/{v['protocol']}: π_post held to π_pre's {v['cap']} tokens, "
+                    f"over-cap-as-wrong gain {format_gain(v['over_cap_as_wrong'])} (native {format_gain(v['native'])}).")
+key = (gate["benchmark"], primary.get(gate["benchmark"]))
+inits = [d for d in diag if d["role"] == "student_init" and (d["benchmark"], d["protocol"]) == key]
+ckpts = sorted((d for d in diag if d["role"] == "checkpoint" and (d["benchmark"], d["protocol"]) == key and
+                d["train_step"] == max(g["step"] for g in student if g["run"] == d["train_run"])),
+               key=lambda d: (d["train_run"], d["alias"]))
+if inits and ckpts:
+    i = inits[0]
+    tldr.append(f"Style and termination on {key[0]}/{key[1]}: " + "; ".join(
+        f"`{d['train_run']}`@{d['train_step']} answer_line {pct(i['extractor_pct']['answer_line'])} % → "
+        f"{pct(d['extractor_pct']['answer_line'])} %, boxed {pct(i['extractor_pct']['boxed'])} % → "
+        f"{pct(d['extractor_pct']['boxed'])} %, truncation {pct(i['truncation_pct'])} % → {pct(d['truncation_pct'])} % "
+        f"(student init → terminal checkpoint)" for d in ckpts) + ".")
+tot = ledger["total"]
+tldr.append(f"Time: {tot['n_runs']} stage runs, {num(tot['wall_s'], 1)} s wall-clock, {num(tot['gpu_s'], 1)} "
+            f"GPU-seconds (time ledger below).")
+
+L += [f"# Direct-OPD campaign report — `{run_dir.name}`", "",
+      f"Pair `{T['pair']}`: π_pre `{T['pi_pre']}` → π_post `{T['pi_post']}`. Every number below is read from a file "
+      f"listed in MANIFEST.json ({len(files)} files with their sha256); this file is regenerated by 06_report.py and "
+      f"nothing in it is typed by hand. Paired per-problem bootstrap, {T['n_boot']} resamples, "
+      f"default_rng({T['seed']}), 95 % percentile CI, two-sided p; a gain counts only when its CI excludes 0.", "",
+      "## 0. TL;DR", ""]
+L += [f"{i}. {s}" for i, s in enumerate(tldr, 1)] + [""]
+
+# --- 1. teacher gains ---
+L += ["## 1. Teacher gains — the premise", ""]
+table(["benchmark", "protocol", "π_pre acc", "π_post acc", "gain (pp)", "95 % CI", "p", "problems", "seeds"],
+      [[t["benchmark"], t["protocol"], pct(t["acc_a"], 2), pct(t["acc_b"], 2), pp(t["gain_pp"]), ci(t["ci95_pp"]),
+        t["p_str"], t["n_problems"], t["n_seeds"]] for t in teacher], "`stats/teacher_gains.json`")
+L += [f"Teacher-gain gate (SPEC §6: paired gain on {gate['benchmark']} > 0 with a CI excluding 0): "
+      f"**{'PASS' if gate['pass'] else 'FAIL'}** — {gate['reason']}.", ""]
+if teacher:
+    figure(figures.gains_forest([(f"{t['benchmark']}/{t['protocol']}", t) for t in teacher],
+                                "teacher gain π_post − π_pre", fig_dir / "teacher_gains.png"), "teacher gains")
+
+# --- 2. training dynamics ---
+L += ["## 2. Training dynamics and the collapse watch", "",
+      "Collapse onset = first step with clip ratio > 0.5; length runaway = first step whose mean response length "
+      "exceeds 2× step 1's; the collapse band (shaded) is the contiguous clip ratio > 0.5 stretch from the onset.", ""]
+
+
+def ends(r, key):
+    pts = [v for _, v in r["curves"].get(key, []) if v is not None]
+    return (pts[0], pts[-1]) if pts else (None, None)
+
+
+rows = []
+for r in runs:
+    w, wr = r["watch"], r["weighted_reward"]
+    kl, ent = ends(r, "actor/kl_coef"), ends(r, "actor/entropy")
+    band = f"{w['collapse_band'][0]}–{w['collapse_band'][1]}" if w["collapse_band"] else "—"
+    c90 = f"{w['longest_clip90_run'][0]}–{w['longest_clip90_run'][1]}" if w["longest_clip90_run"] else "—"
+    gn = r["grad_norm_peak"]
+    rows.append([r["run"], r["reward"] or "—", r["steps_logged"], num(w["collapse_onset_step"]),
+                 num(w["length_runaway_step"]), band, c90, num(w["peak_clip_ratio"]), num(wr["first"], 4),
+                 num(wr["last"], 4), f"{wr['n_negative']}/{wr['n']}", num(kl[0]), num(kl[1]), num(ent[0]), num(ent[1]),
+                 f"{num(gn['value'], 2)} @ {gn['step']}" if gn else "—", "yes" if r["watch_agrees"] else "**NO**"])
+table(["run", "reward", "steps", "onset", "runaway", "band", "clip>0.9 run", "peak clip", "w. reward first",
+       "w. reward last", "w. reward < 0", "KL coef first", "KL coef last", "entropy first", "entropy last",
+       "grad-norm peak", "summary.json agrees"], rows, "`stats/training.json`")
+for r in runs:
+    figure(figures.training_curves(r, fig_dir / f"training_{slug(r['run'])}.png"), f"training curves {r['run']}")
+
+# --- 3. student gains ---
+L += ["## 3. Student gain per checkpoint", "",
+      "Each row: the checkpoint's unit against the student's init, paired by problem; when the checkpoint unit has "
+      "fewer seeds (curve protocol) the init is restricted to the same seeds; a reduced unit pairs on its own problems.", ""]
+table(["run", "step", "unit", "benchmark", "protocol", "init acc", "ckpt acc", "gain (pp)", "95 % CI", "p", "verdict",
+       "problems", "seeds", "ckpt truncation %"],
+      [[g["run"], g["step"], g["alias_b"], g["benchmark"], g["protocol"], pct(g["acc_a"], 2), pct(g["acc_b"], 2), pp(g["gain_pp"]),
+        ci(g["ci95_pp"]), g["p_str"], verdict(g), g["n_problems"], g["n_seeds"],
+        pct(diag_by_unit[g["unit_b"]]["truncation_pct"])] for g in student], "`stats/student_gains.json`, "
+      "`stats/diagnostics.json` (truncation)")
+L += [f"Gain scan: {scan['n']} paired student gains — {scan['positive_significant']} positive-significant, "
+      f"{scan['negative_significant']} negative-significant, {scan['null']} null. Source: `stats/student_gains.json`", ""]
+if SG["missing_baselines"]:
+    L += ["Checkpoint units without a comparable student-init unit (not counted): " +
+          ", ".join(f"`{m['unit']}`" for m in SG["missing_baselines"]), ""]
+bands = {r["run"]: r["watch"]["collapse_band"] for r in runs}
+for bench, proto in sorted({(g["benchmark"], g["protocol"]) for g in student}):
+    series = {}
+    for g in student:
+        if (g["benchmark"], g["protocol"]) == (bench, proto):
+            series.setdefault(g["run"], []).append((g["step"], g))
+    figure(figures.student_curve(series, {k: bands.get(k) for k in series}, f"student gain — {bench}/{proto}",
+                                 fig_dir / f"student_gain_{slug(bench)}_{slug(proto)}.png"), f"student gain {bench}")
+
+# --- 4. transfer ratio ---
+L += ["## 4. Transfer ratio (five guards)", "",
+      f"student gain ÷ teacher gain, printed only when |teacher gain| ≥ {TR['min_teacher_gain_pp']} pp, teacher gain > 0, "
+      "its CI excludes 0, student gain > 0 and the student CI excludes 0; otherwise the failed guards are named.", ""]
+table(["run", "step", "benchmark", "protocol", "teacher protocol", "teacher gain", "teacher CI", "student gain",
+       "student CI", "ratio"],
+      [[r["run"], r["step"], r["benchmark"], r["protocol"], r["teacher_protocol"], pp(r["teacher_gain_pp"]), ci(r["teacher_ci95_pp"]),
+        pp(r["student_gain_pp"]), ci(r["student_ci95_pp"]),
+        num(r["ratio"]) if r["ratio"] is not None else "withheld: " + ", ".join(r["failed"])]
+       for r in ratios if r["terminal"]], "`stats/transfer.json` (terminal checkpoints; every checkpoint is in the file)")
+pts = []
+for r in ratios:
+    if r["terminal"]:
+        t = {"gain_pp": r["teacher_gain_pp"], "ci95_pp": r["teacher_ci95_pp"]}
+        s = {"gain_pp": r["student_gain_pp"], "ci95_pp": r["student_ci95_pp"]}
+        pts.append({"label": f"{r['run']} {r['benchmark']}/{r['protocol']}", "teacher": t, "student": s})
+if pts:
+    figure(figures.teacher_vs_student(pts, fig_dir / "teacher_vs_student.png"), "teacher vs student gain")
+
+# --- 5. diagnostics ---
+L += ["## 5. Diagnostics", "", "### 5.1 Per unit: accuracy, truncation, length, answer format", "",
+      "answer_line / boxed / none are the extractor's three branches (last `Answer:` line, else last `\\boxed{}`, "
+      "else nothing; `none` is graded wrong).", ""]
+table(["unit", "role", "cap", "samples", "acc %", "trunc %", "mean tokens", "answer_line %", "boxed %", "none %",
+       "deviations"],
+      [[f"`{d['unit']}`", d["role"], d["max_new_tokens"], d["n_samples"], pct(d["accuracy_pct"], 2),
+        pct(d["truncation_pct"]), pct(d["mean_tokens"]), pct(d["extractor_pct"]["answer_line"]),
+        pct(d["extractor_pct"]["boxed"]), pct(d["extractor_pct"]["none"]), "; ".join(d["deviations"]) or "—"]
+       for d in diag], "`stats/diagnostics.json`")
+bad = [d["unit"] for d in diag if not d["accuracy_matches_scores"]]
+if bad:
+    L += ["**Warning:** scores.json accuracy disagrees with samples.jsonl for " + ", ".join(bad), ""]
+L += ["### 5.2 Answer-format split, primary protocol", ""]
+fmt_rows = [d for d in diag if primary.get(d["benchmark"]) == d["protocol"]]
+order = {"pi_pre": 0, "pi_post": 1, "raft_teacher": 2, "student_init": 3, "checkpoint": 4, "other": 5}
+fmt_rows.sort(key=lambda d: (d["benchmark"], order[d["role"]], d["train_run"] or "", d["train_step"] or 0, d["alias"]))
+table(["benchmark", "model", "role", "step", "answer_line %", "boxed %", "none %"],
+      [[d["benchmark"], d["alias"], d["role"], num(d["train_step"]), pct(d["extractor_pct"]["answer_line"]),
+        pct(d["extractor_pct"]["boxed"]), pct(d["extractor_pct"]["none"])] for d in fmt_rows], "`stats/diagnostics.json`")
+if fmt_rows:
+    figure(figures.answer_format([(f"{d['benchmark']} · {d['alias']}", d["extractor_pct"]) for d in fmt_rows],
+                                 "answer-format split (primary protocol)", fig_dir / "answer_format.png"), "answer format")
+L += ["### 5.3 Truncation: what truncated samples still extract and score", ""]
+table(["unit", "trunc %", "truncated samples", "max tokens", "extracted on truncated %", "acc on truncated %"],
+      [[f"`{d['unit']}`", pct(d["truncation_pct"]), d["n_truncated"], d["max_tokens"],
+        pct(d["truncated_extracted_pct"]), pct(d["truncated_accuracy_pct"], 2)] for d in diag], "`stats/diagnostics.json`")
+L += ["### 5.4 Cap sensitivity — π_post held to π_pre's cap", "",
+      "kept-only: π_post's accuracy on its samples within π_pre's cap, on the problems that have one (conditional, "
+      "biased towards easy problems); over-cap-as-wrong: every longer sample counted wrong (a lower bound).", ""]
+rows = []
+for v in CAP["views"]:
+    for name, r in (("native", v["native"]), ("over-cap-as-wrong", v["over_cap_as_wrong"]), ("kept-only", v["kept_only"])):
+        if r is not None:
+            rows.append([v["benchmark"], v["protocol"], v["cap"], name, pct(r["acc_b"], 2), pp(r["gain_pp"]),
+                         ci(r["ci95_pp"]), r["p_str"], r["n_problems"], pct(v["kept_sample_pct"])])
+if rows:
+    table(["benchmark", "protocol", "π_pre cap", "view", "π_post acc", "gain (pp)", "95 % CI", "p", "problems",
+           "samples within cap %"], rows, "`stats/cap_sensitivity.json`")
+else:
+    L += ["π_post and π_pre share one token cap on every benchmark: no cap-sensitivity view applies.", ""]
+
+# --- 6. RAFT ---
+L += ["## 6. RAFT teacher", ""]
+if not RAFT["present"]:
+    L += ["No `raft/stats.json` in this campaign (07_raft.py has not run).", ""]
+else:
+    rs = RAFT["stats"]
+    g1 = rs.get("gate_g1") or {}
+    table(["prompts", "k", "kept", "keep rate %", "gate G1", "|Δ log p| per token", "EOS probe π_pre", "EOS probe RAFT"],
+          [[num(rs.get("n_prompts")), num(rs.get("k")), num(rs.get("kept")), pct(rs.get("keep_rate_pct")),
+            ("PASS" if g1.get("pass") else "FAIL") + (f" (≥ {g1['threshold']})" if "threshold" in g1 else "") if g1 else "—",
+            num(rs.get("shift_abs_dlogp_per_token"), 4), num((rs.get("eos_probe") or {}).get("pi_pre"), 4),
+            num((rs.get("eos_probe") or {}).get("raft"), 4)]], "`stats/raft.json`")
+    if rs.get("keep_rate_by_level_pct"):
+        table(["level", "keep rate %"], [[k, pct(v)] for k, v in sorted(rs["keep_rate_by_level_pct"].items())],
+              "`stats/raft.json`")
+    if rs.get("n_correct_of_k"):
+        table(["n correct of k", "prompts"], [[k, v] for k, v in sorted(rs["n_correct_of_k"].items())], "`stats/raft.json`")
+    if rs.get("rejection_reasons"):
+        table(["rejection reason", "prompts"], [[k, v] for k, v in sorted(rs["rejection_reasons"].items())],
+              "`stats/raft.json`")
+    g2 = RAFT["gate_g2"]
+    L += [f"Gate G2 (RAFT − `{RAFT['base']}` on {g2['benchmark']}/{g2['protocol']}, CI must exclude 0): "
+          f"**{'PASS' if g2['pass'] else 'FAIL'}**.", ""]
+    table(["benchmark", "protocol", "base acc", "RAFT acc", "gain (pp)", "95 % CI", "p", "problems"],
+          [[g["benchmark"], g["protocol"], pct(g["acc_a"], 2), pct(g["acc_b"], 2), pp(g["gain_pp"]), ci(g["ci95_pp"]),
+            g["p_str"], g["n_problems"]] for g in RAFT["g2_gains"]], "`stats/raft.json`")
+    sft = {k: v for k, v in (rs.get("sft") or {}).items() if k in ("val_loss", "train_loss") and v}
+    if sft:
+        figure(figures.loss_curve(sft, "RAFT SFT loss", fig_dir / "raft_loss.png"), "RAFT loss")
+
+# --- 7. alignment audit ---
+L += ["## 7. Alignment audit", "",
+      "Every comparison pairs identical problem ids; differing seed grids must be nested and the larger side is "
+      "restricted to the common seeds. Units that fail this were refused by 05_stats.", ""]
+audit_rows = [[f"`{g['unit_a']}`", f"`{g['unit_b']}`", g["audit"]["n_problems"], g["audit"]["seeds_a"],
+               g["audit"]["seeds_b"], g["audit"]["grids"], g["audit"]["restricted"] or "—", g["audit"]["subset"] or "—"]
+              for g in teacher + student + (RAFT.get("g2_gains") or [])]
+table(["unit a", "unit b", "problems", "seeds a", "seeds b", "grids", "restricted side", "problem subset"], audit_rows,
+      "`stats/teacher_gains.json`, `stats/student_gains.json`")
+
+# --- 8. time ledger ---
+L += ["## 8. Time ledger", "", "Summed from every manifest.json under the campaign directory (this report's own "
+      "manifest excluded), as the source report summed its cost ledger.", ""]
+table(["stage", "runs", "wall-clock s", "GPU-seconds"],
+      [[k, v["n_runs"], num(v["wall_s"], 1), num(v["gpu_s"], 1)] for k, v in ledger["stages"].items()] +
+      [["**total**", tot["n_runs"], num(tot["wall_s"], 1), num(tot["gpu_s"], 1)]], "the manifests listed below")
+table(["directory", "stage", "wall-clock s", "GPU-seconds"],
+      [[f"`{r['dir']}`", r["stage"], num(r["wall_s"], 1), num(r["gpu_s"], 1)] for r in ledger["runs"]],
+      "each row's `manifest.json`")
+
+# --- 9. reproduction ---
+L += ["## 9. Rebuilding this report", "", "```", f"python 05_stats.py --run-dir runs/{run_dir.name} --pair {T['pair']}",
+      f"python 06_report.py --run-dir runs/{run_dir.name}", "```", "",
+      "`MANIFEST.json` lists every input with its sha256; `CHECKSUMS.sha256` covers this bundle (`sha256sum -c`).", ""]
+
+# --- write ---
+atomic_write_text(out_dir / "README.md", "\n".join(L))
+atomic_write_json(out_dir / "MANIFEST.json", {"campaign": run_dir.name, "files": files})
+bundle = ["README.md", "MANIFEST.json"] + sorted(f"figures/{p.name}" for p in fig_dir.glob("*.png"))
+atomic_write_text(out_dir / "CHECKSUMS.sha256", "".join(f"{sha256_file(out_dir / b)}  {b}\n" for b in bundle))
+write_manifest(out_dir, stage="06_report", script=__file__, args=vars(args),
+               inputs={k: {"path": k, "sha256": v} for k, v in sorted(files.items())},
+               outputs=bundle + ["CHECKSUMS.sha256"], started=started, wall_s=time.monotonic() - t0)
+print(f"06_report: wrote {out_dir}/README.md ({len(L)} lines, {len(bundle) - 2} figures, {len(files)} inputs)")

@@ -1,0 +1,275 @@
+"""lib.stats against independent computations, and the pure helpers of lib.campaign.
+
+- exact enumeration: a 3-problem case has 3^3 = 27 equally likely resamples; the bootstrap's p, CI and mean must match
+  the exact distribution within Monte-Carlo error;
+- brute force: a plain Python loop over the same default_rng draws (scalar draws, one problem at a time) must give
+  the same gain, CI and p to 1e-9, including the restriction of a 32-seed side to an 8-seed side's seeds;
+- known answers: identical models → gain 0, p = 1; all-positive differences → p < 0.0001;
+- refusals: mismatched ids, non-nested seed grids, a side whose problems disagree on seeds, non-0/1 scores;
+- the five transfer-ratio guards one at a time, the gate, the gain scan, the cap-sensitivity views, the collapse watch.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import time
+
+import numpy as np
+import pytest
+
+from lib import stats
+from lib.campaign import check_unit, collapse_watch, diagnostics, UnitError
+from lib.stats import AlignmentError, paired_bootstrap
+
+
+# --- exact enumeration on 3 problems ---
+
+def exact_distribution(d):
+    """All len(d)^len(d) resamples, each equally likely: the exact bootstrap distribution of the mean (in pp)."""
+    P = len(d)
+    return np.array([100.0 * sum(d[i] for i in idx) / P for idx in itertools.product(range(P), repeat=P)])
+
+
+def exact_quantile(dist, q):
+    """Left-continuous inverse CDF of an equally weighted discrete distribution."""
+    xs = np.sort(dist)
+    return xs[max(0, math.ceil(q * len(xs)) - 1)]
+
+
+@pytest.mark.parametrize("a, b", [
+    # per-problem samples on seeds 0-3: d = [+1/4, +2/4, -1/4]
+    ([[1, 1, 0, 0], [0, 0, 0, 0], [1, 0, 1, 1]], [[1, 1, 1, 0], [0, 1, 1, 0], [1, 0, 0, 1]]),
+    # d = [-2/4, +1/4, 0]: a mixed case with an atom at 0
+    ([[1, 1, 1, 0], [0, 0, 0, 0], [1, 0, 1, 1]], [[1, 0, 0, 0], [1, 0, 0, 0], [0, 1, 1, 1]]),
+])
+def test_bootstrap_matches_exact_enumeration(a, b):
+    B = 10_000
+    res = paired_bootstrap({f"p{i}": x for i, x in enumerate(a)}, {f"p{i}": x for i, x in enumerate(b)}, n_boot=B)
+    d = [(sum(y) - sum(x)) / 4 for x, y in zip(a, b)]
+    dist = exact_distribution(d)
+    assert res["gain_pp"] == pytest.approx(100 * np.mean(d), abs=1e-12)
+    q_le, q_ge = np.mean(dist <= 1e-12), np.mean(dist >= -1e-12)
+    p_exact = min(1.0, 2 * min(q_le, q_ge))
+    q = min(q_le, q_ge)
+    assert abs(res["p"] - p_exact) <= 5 * 2 * math.sqrt(q * (1 - q) / B) + 1e-12
+    delta = 5 * math.sqrt(0.025 * 0.975 / B)     # 5 SE of an empirical 2.5 % quantile level
+    lo, hi = res["ci95_pp"]
+    assert exact_quantile(dist, 0.025 - delta) <= lo <= exact_quantile(dist, 0.025 + delta)
+    assert exact_quantile(dist, 0.975 - delta) <= hi <= exact_quantile(dist, 0.975 + delta)
+
+
+def test_exact_case_all_positive_gives_p_zero():
+    res = paired_bootstrap({"x": [0, 0], "y": [0, 1], "z": [1, 0]}, {"x": [1, 0], "y": [1, 1], "z": [1, 1]})
+    assert exact_distribution([0.5, 0.5, 0.5]).min() > 0
+    assert res["p"] == 0.0 and res["p_str"] == "p<0.0001" and res["ci95_pp"] == [50.0, 50.0]
+
+
+# --- brute force: a Python loop over the same draws ---
+
+def brute_force(a: dict, b: dict, n_boot: int, seed: int):
+    ids = sorted(a)
+    seeds = sorted(set(a[ids[0]]) & set(b[ids[0]]))
+    d = [sum(b[p][s] for s in seeds) / len(seeds) - sum(a[p][s] for s in seeds) / len(seeds) for p in ids]
+    rng = np.random.default_rng(seed)
+    boot = []
+    for _ in range(n_boot):
+        total = 0.0
+        for _ in range(len(ids)):
+            total += d[int(rng.integers(0, len(ids)))]
+        boot.append(100 * total / len(ids))
+    boot.sort()
+
+    def pctl(q):   # numpy's default "linear" method, written out
+        h = (len(boot) - 1) * q
+        return boot[math.floor(h)] + (h - math.floor(h)) * (boot[math.ceil(h)] - boot[math.floor(h)])
+
+    le = sum(x <= 1e-9 for x in boot) / n_boot
+    ge = sum(x >= -1e-9 for x in boot) / n_boot
+    return 100 * sum(d) / len(d), [pctl(0.025), pctl(0.975)], min(1.0, 2 * min(le, ge))
+
+
+@pytest.mark.parametrize("P, seeds_a, seeds_b, seed", [(60, 4, 4, 42), (37, 32, 8, 7), (25, 1, 1, 3)])
+def test_bootstrap_matches_brute_force_loop(P, seeds_a, seeds_b, seed):
+    rng = np.random.default_rng(1000 + P)
+    skill = rng.random(P)
+    a = {f"q{i:03d}": {s: int(rng.random() < skill[i]) for s in range(seeds_a)} for i in range(P)}
+    b = {f"q{i:03d}": {s: int(rng.random() < min(1, skill[i] + 0.1)) for s in range(seeds_b)} for i in range(P)}
+    res = paired_bootstrap(a, b, n_boot=3000, seed=seed)
+    gain, (lo, hi), p = brute_force(a, b, 3000, seed)
+    assert res["gain_pp"] == pytest.approx(gain, abs=1e-9)
+    assert res["ci95_pp"] == pytest.approx([lo, hi], abs=1e-9)
+    assert res["p"] == pytest.approx(p, abs=1e-12)
+    assert res["n_seeds"] == min(seeds_a, seeds_b)
+    assert res["audit"]["grids"] == ("nested" if seeds_a != seeds_b else "identical")
+
+
+def test_defaults_are_spec_and_fast():
+    rng = np.random.default_rng(0)
+    a = {f"p{i}": list(rng.integers(0, 2, 4)) for i in range(500)}
+    b = {f"p{i}": list(rng.integers(0, 2, 4)) for i in range(500)}
+    elapsed = []
+    for _ in range(3):   # best of 3: the machine may be busy with other tests
+        t = time.perf_counter()
+        res = paired_bootstrap(a, b)
+        elapsed.append(time.perf_counter() - t)
+    elapsed = min(elapsed)
+    assert res == paired_bootstrap(a, b, n_boot=10_000, seed=42) and res["n_boot"] == 10_000
+    assert res != paired_bootstrap(a, b, seed=43)
+    assert elapsed < 1.0, f"10,000 × 500 bootstrap took {elapsed:.2f} s"
+
+
+# --- known answers and input forms ---
+
+def test_identical_models_gain_zero_p_one():
+    rng = np.random.default_rng(5)
+    a = {f"p{i}": list(rng.integers(0, 2, 8)) for i in range(30)}
+    res = paired_bootstrap(a, a)
+    assert res["gain_pp"] == 0 and res["p"] == 1.0 and res["ci95_pp"] == [0.0, 0.0] and not res["ci_excludes_0"]
+    assert stats.verdict(res) == "null"
+
+
+def test_all_negative_differences():
+    res = paired_bootstrap({f"p{i}": [1, 1] for i in range(10)}, {f"p{i}": [i % 2, 0] for i in range(10)})
+    assert res["p"] == 0.0 and res["ci95_pp"][1] < 0 and stats.verdict(res) == "loss"
+    assert stats.format_gain(res).endswith("p<0.0001")
+
+
+def test_list_and_mapping_forms_agree():
+    rng = np.random.default_rng(9)
+    a = {f"p{i}": list(map(int, rng.integers(0, 2, 4))) for i in range(20)}
+    b = {f"p{i}": list(map(int, rng.integers(0, 2, 4))) for i in range(20)}
+    as_map = lambda s: {p: {str(k): v for k, v in enumerate(x)} for p, x in s.items()}   # JSON-style str seeds
+    assert paired_bootstrap(a, b) == paired_bootstrap(as_map(a), as_map(b))
+
+
+def test_float_path_agrees_with_integer_path():
+    rng = np.random.default_rng(11)
+    A, B = rng.integers(0, 2, (40, 4)), rng.integers(0, 2, (40, 4))
+    exact = stats.bootstrap_counts(B.sum(1) - A.sum(1), 4)
+    flt = stats.bootstrap_means(A.mean(1), B.mean(1))
+    assert flt["gain_pp"] == pytest.approx(exact["gain_pp"]) and flt["p"] == exact["p"]
+    assert flt["ci95_pp"] == pytest.approx(exact["ci95_pp"])
+
+
+# --- refusals ---
+
+def test_refuses_mismatched_ids_naming_them():
+    a = {f"p{i}": [1, 0] for i in range(5)}
+    b = {f"p{i}": [1, 0] for i in range(1, 6)}
+    with pytest.raises(AlignmentError, match=r"only in unitA: \[p0\]; only in unitB: \[p5\]"):
+        paired_bootstrap(a, b, names=("unitA", "unitB"))
+    # an explicit subset is allowed when both sides hold it
+    assert paired_bootstrap(a, b, ids=["p1", "p2", "p3"])["n_problems"] == 3
+    with pytest.raises(AlignmentError, match="unitA lacks problems"):
+        paired_bootstrap(a, b, names=("unitA", "unitB"), ids=["p5"])
+
+
+def test_refuses_non_nested_grids_and_ragged_sides():
+    a = {"p0": {0: 1, 1: 0}, "p1": {0: 1, 1: 1}}
+    b = {"p0": {1: 1, 2: 0}, "p1": {1: 0, 2: 1}}
+    with pytest.raises(AlignmentError, match="not nested"):
+        paired_bootstrap(a, b)
+    ragged = {"p0": {0: 1, 1: 0}, "p1": {0: 1}, "p2": {0: 0, 1: 1}}
+    with pytest.raises(AlignmentError, match=r"U: mismatched seeds — problems p1 "):
+        paired_bootstrap(ragged, ragged, names=("U", "V"))
+    with pytest.raises(ValueError, match="correctness 0.5"):
+        paired_bootstrap({"p0": [0.5]}, {"p0": [1]})
+
+
+def test_check_unit_refusals_name_the_ids():
+    scores = {"seeds": [0, 1], "n_problems": 2}
+    row = lambda p, s: {"problem_id": p, "seed": s}
+    check_unit("u", scores, [row("a", 0), row("a", 1), row("b", 0), row("b", 1)])
+    with pytest.raises(UnitError, match=r"unit u: duplicated samples b@seed1"):
+        check_unit("u", scores, [row("a", 0), row("a", 1), row("b", 0), row("b", 1), row("b", 1)])
+    with pytest.raises(UnitError, match=r"mismatched seeds — problems b .*b has \[0\]"):
+        check_unit("u", scores, [row("a", 0), row("a", 1), row("b", 0)])
+    with pytest.raises(UnitError, match="missing problems"):
+        check_unit("u", scores, [row("a", 0), row("a", 1)])
+
+
+# --- gate, guards, scan ---
+
+def res(gain, lo, hi):
+    return {"gain_pp": gain, "ci95_pp": [lo, hi], "ci_excludes_0": lo > 0 or hi < 0}
+
+
+def test_teacher_gate():
+    assert stats.teacher_gate(res(5, 1, 9))["pass"]
+    assert not stats.teacher_gate(res(5, -1, 9))["pass"]
+    assert not stats.teacher_gate(res(-5, -9, -1))["pass"]
+    assert not stats.teacher_gate(None)["pass"]
+
+
+@pytest.mark.parametrize("teacher, student, failed", [
+    (res(20, 10, 30), res(5, 1, 9), []),
+    (res(0.8, 0.2, 1.4), res(5, 1, 9), ["teacher_abs_ge_1pp"]),
+    (res(-20, -30, -10), res(5, 1, 9), ["teacher_positive"]),
+    (res(20, -1, 41), res(5, 1, 9), ["teacher_ci_excludes_0"]),
+    (res(20, 10, 30), res(-5, -9, -1), ["student_positive"]),
+    (res(20, 10, 30), res(2, -1, 5), ["student_ci_excludes_0"]),
+])
+def test_transfer_ratio_guards(teacher, student, failed):
+    r = stats.transfer_ratio(teacher, student)
+    assert r["failed"] == failed
+    assert r["ratio"] == (None if failed else pytest.approx(student["gain_pp"] / teacher["gain_pp"]))
+    assert r["unguarded_ratio"] == pytest.approx(student["gain_pp"] / teacher["gain_pp"])
+
+
+def test_gain_scan():
+    s = stats.gain_scan([res(2, 1, 3), res(-2, -3, -1), res(-2, -4, -0.5), res(1, -1, 3), res(0, 0, 0)])
+    assert s == {"n": 5, "positive_significant": 1, "negative_significant": 2, "null": 2}
+
+
+def test_cap_sensitivity_against_manual_views():
+    rng = np.random.default_rng(4)
+    P, S, cap = 30, 4, 50
+    pre = {f"p{i}": list(map(int, rng.integers(0, 2, S))) for i in range(P)}
+    post = {f"p{i}": list(map(int, rng.integers(0, 2, S))) for i in range(P)}
+    tok = {f"p{i}": list(map(int, rng.integers(10, 50 + 40 * (i % 3 == 0) + 1, S))) for i in range(P)}
+    tok["p0"] = [99] * S                                           # p0: nothing within the cap
+    v = stats.cap_sensitivity(pre, post, tok, cap)
+    wrong = {p: [c * (t <= cap) for c, t in zip(post[p], tok[p])] for p in post}
+    assert v["over_cap_as_wrong"] == paired_bootstrap(pre, wrong, names=("pi_pre", "pi_post"))
+    kept = [p for p in post if any(t <= cap for t in tok[p])]
+    acc = [np.mean([c for c, t in zip(post[p], tok[p]) if t <= cap]) for p in kept]
+    assert "p0" not in kept and v["problems_covered"] == len(kept) == v["kept_only"]["n_problems"]
+    assert v["kept_only"]["acc_b"] == pytest.approx(100 * np.mean(acc))
+    assert v["kept_only"]["gain_pp"] == pytest.approx(100 * np.mean([a - np.mean(pre[p]) for a, p in zip(acc, kept)]))
+    assert v["kept_sample_pct"] == pytest.approx(100 * np.mean([t <= cap for p in tok for t in tok[p]]))
+    with pytest.raises(AlignmentError, match="n_tokens missing for problems \\[p3\\]"):
+        stats.cap_sensitivity(pre, post, {**tok, "p3": [1, 2]}, cap)
+
+
+# --- collapse watch and diagnostics ---
+
+def test_collapse_watch_by_hand():
+    clip = [0, 0, 0.2, 0.6, 0.95, 0.95, 0.7, 0.3, 0.92, 0.95, 0.99, 0.6]
+    length = [100, 120, 150, 210, 300, 300, 280, 190, 300, 300, 300, 250]
+    m = [{"step": i + 1, "response_length/clip_ratio": c, "response_length/mean": x} for i, (c, x) in enumerate(zip(clip, length))]
+    w = collapse_watch(m)
+    assert w["collapse_onset_step"] == 4 and w["length_runaway_step"] == 4 and w["collapse_band"] == [4, 7]
+    assert w["longest_clip90_run"] == [9, 11] and w["longest_clip90_len"] == 3 and w["peak_clip_ratio"] == 0.99
+    calm = collapse_watch([{"step": s, "response_length/clip_ratio": 0.1, "response_length/mean": 50} for s in (1, 2)])
+    assert calm["collapse_onset_step"] is None and calm["collapse_band"] is None and calm["longest_clip90_run"] is None
+
+
+def test_diagnostics_by_hand():
+    r = lambda ok, trunc, ext, n, lvl: {"problem_id": f"p{lvl}", "correct": ok, "truncated": trunc, "extractor": ext,
+                                        "n_tokens": n, "verify_method": "math_verify", "level": lvl}
+    rows = [r(True, False, "answer_line", 10, 1), r(False, True, "none", 96, 1), r(True, True, "boxed", 96, 2),
+            r(False, False, "answer_line", 30, 2)]
+    d = diagnostics(rows)
+    assert d["accuracy_pct"] == 50 and d["truncation_pct"] == 50 and d["mean_tokens"] == 58
+    assert d["extractor_pct"] == {"answer_line": 50, "boxed": 25, "none": 25}
+    assert d["n_truncated"] == 2 and d["truncated_extracted_pct"] == 50 and d["truncated_accuracy_pct"] == 50
+    assert d["accuracy_by_level_pct"] == {"1": 50, "2": 50} and d["n_problems"] == 2
+
+
+def test_nested_grid_that_is_not_a_prefix():
+    rng = np.random.default_rng(21)
+    a = {f"p{i}": {s: int(rng.integers(0, 2)) for s in range(8)} for i in range(12)}
+    b = {f"p{i}": {s: int(rng.integers(0, 2)) for s in (3, 6)} for i in range(12)}
+    r = paired_bootstrap(a, b)
+    assert r["seeds"] == [3, 6] and r["audit"]["restricted"] == "a"
+    assert r["gain_pp"] == pytest.approx(100 * np.mean([(b[p][3] + b[p][6] - a[p][3] - a[p][6]) / 2 for p in a]))
