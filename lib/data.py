@@ -59,10 +59,11 @@ def stable_seed(*parts) -> int:
 REQUIRED = ("id", "problem", "answer")
 
 
-def load_rows(source: str | Path, id_field: str = "id") -> list[dict]:
+def load_rows(source: str | Path, id_field: str = "id", require_answer: bool = True) -> list[dict]:
     """Rows from a .jsonl/.json/.parquet path or `hf://owner/name[:split]`; checked for ids, fields, duplicates.
 
-    `id_field` names the id column of a hub copy (MATH-500's is `unique_id`)."""
+    `id_field` names the id column of a hub copy (MATH-500's is `unique_id`). Training prompts need no answer
+    (`require_answer=False`: on-policy distillation never grades them); a row without one keeps `answer: None`."""
     s = str(source)
     if s.startswith("hf://"):
         rows = [{**r, "id": r[id_field]} for r in _load_hub(s[len("hf://"):])]
@@ -77,7 +78,7 @@ def load_rows(source: str | Path, id_field: str = "id") -> list[dict]:
             rows = json.loads(p.read_text())
         else:
             rows = [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return check_rows(rows, s)
+    return check_rows(rows, s, REQUIRED if require_answer else REQUIRED[:2])
 
 
 def _load_hub(spec: str) -> list[dict]:
@@ -86,13 +87,15 @@ def _load_hub(spec: str) -> list[dict]:
     return [dict(r) for r in load_dataset(name, split=split or "test")]
 
 
-def check_rows(rows: list[dict], where: str = "rows") -> list[dict]:
+def check_rows(rows: list[dict], where: str = "rows", required=REQUIRED) -> list[dict]:
     seen = set()
     for i, r in enumerate(rows):
-        missing = [k for k in REQUIRED if k not in r or r[k] is None]
+        missing = [k for k in required if k not in r or r[k] is None]
         if missing:
-            raise ValueError(f"{where} row {i} (id={r.get('id')!r}) lacks {missing}; every row needs id, problem, answer")
-        r["id"], r["answer"] = str(r["id"]), str(r["answer"])
+            raise ValueError(f"{where} row {i} (id={r.get('id')!r}) lacks {missing}; every row needs "
+                             f"{', '.join(required)} — fix the row or remove it from the file")
+        r["id"] = str(r["id"])
+        r["answer"] = None if r.get("answer") is None else str(r["answer"])
         if r["id"] in seen:
             raise ValueError(f"{where} has duplicate id {r['id']!r}; ids must be unique")
         seen.add(r["id"])

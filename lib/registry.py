@@ -24,6 +24,7 @@ class Model:
     revision: str | None = None       # pinned commit; None → "main", resolved commit recorded in the manifest
     toy: str | None = None            # name inside the toy world (lib/toy.py)
     run_path: str | None = None       # folder relative to the campaign directory
+    shape: tuple | None = None        # (real shape, seed): random weights for speed runs (lib/shapes.py)
     eval_max_new_tokens: int = EVAL_MAX_NEW_TOKENS
     thinking: bool = False            # Qwen3: chat template rendered with enable_thinking=True
     template_note: str = ""           # known quirk of its chat template (SPEC §3), reported by 01_gates
@@ -49,6 +50,11 @@ MODELS = {m.alias: m for m in [
     Model("toy-post", toy="post", eval_max_new_tokens=96),
     Model("toy-post-offsupport", toy="post-offsupport", eval_max_new_tokens=96),
     Model("toy-student", toy="student", eval_max_new_tokens=96),
+    # real shapes with random weights: the GPU speed runs (no checkpoint can reach the GPU machine)
+    Model("shape-1.5b-pre", shape=("qwen2.5-1.5b", 1)),
+    Model("shape-1.5b-post", shape=("qwen2.5-1.5b", 2)),
+    Model("shape-1.5b-student", shape=("qwen2.5-1.5b", 3)),
+    Model("shape-7b-student", shape=("qwen2.5-7b", 3)),
 ]}
 
 
@@ -66,6 +72,8 @@ STUDENTS = {
     "qwen3-1.7b": Student("qwen3-1.7b", max_response_len=4_096),
     "r1-distill-1.5b": Student("r1-distill-qwen-1.5b", max_response_len=7_168, max_prompt_len=1_024,
                                teacher="justrl-deepseek-1.5b"),
+    "shape-1.5b": Student("shape-1.5b-student", teacher="shape-1.5b-post"),
+    "shape-7b": Student("shape-7b-student", teacher="shape-1.5b-post"),
     "toy": Student("toy-student", max_prompt_len=160, max_response_len=48, teacher="toy-post"),
 }
 
@@ -127,6 +135,8 @@ PAIRS = {
     "toy-raft": Pair("toy-pre", "raft", "toy", "toy_train", _TOY_EVALS, "toy", note="RAFT of toy π_pre"),
     "toy-offsupport": Pair("toy-pre", "toy-post-offsupport", "toy", "toy_train", _TOY_EVALS, "toy",
                            note="negative control: π_post never emits the stop token"),
+    "shape-1.5b": Pair("shape-1.5b-pre", "shape-1.5b-post", "shape-1.5b", "math_train",
+                       note="random weights, real Qwen2.5-1.5B shapes: GPU speed runs only"),
 }
 
 
@@ -161,11 +171,11 @@ def benchmark_source(name: str) -> str:
     raise FileNotFoundError(f"benchmark {name}: {b.file} not found; set OPD_DATA_DIR to the folder holding it")
 
 
-def load_benchmark(name: str) -> tuple[list[dict], str]:
-    """(rows, source) for a registered benchmark name or a path."""
+def load_benchmark(name: str, require_answer: bool = True) -> tuple[list[dict], str]:
+    """(rows, source) for a registered benchmark name or a path; training prompts pass require_answer=False."""
     from lib.data import load_rows
     src = benchmark_source(name)
-    rows = load_rows(src, BENCHMARKS[name].id_field if name in BENCHMARKS else "id")
+    rows = load_rows(src, BENCHMARKS[name].id_field if name in BENCHMARKS else "id", require_answer)
     return rows, src
 
 
@@ -191,6 +201,10 @@ def resolve_model(name: str, run_dir: str | Path | None = None) -> Resolved:
             from lib import toy
             p = toy.model_dir(m.toy)
             return Resolved(name, p, resolved_revision="toy:" + toy.world_hash())
+        if m.shape:
+            from lib import shapes
+            p = shapes.model_dir(*m.shape)
+            return Resolved(name, p, resolved_revision=f"random:{m.shape[0]}:seed{m.shape[1]}")
         if m.run_path:
             if run_dir is None:
                 raise ValueError(f"model {name} lives in a campaign directory ({m.run_path}); pass --run-dir")

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# campaign.sh — the whole Direct-OPD campaign, every stage in order (like nanochat's speedrun.sh).
+#
+#   bash campaign.sh                                   # the toy world on this CPU (the default) → runs/toy/report/
+#   PAIR=openthinker NPROC=4 BACKEND=vllm bash campaign.sh                 # a real pair on 4 GPUs
+#
+# Every stage skips what is already done (finished eval units, finished training runs) and refuses files whose
+# hashes no longer match their manifest, so a killed campaign is continued by running the same command again.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+PAIR=${PAIR:-toy}
+RUN=${RUN:-runs/$PAIR}
+NPROC=${NPROC:-1}
+BACKEND=${BACKEND:-hf}
+export PYTHONUNBUFFERED=1
+
+if [ "$PAIR" = toy ]; then
+  # The toy models are tiny and start far from the teacher: a larger learning rate and fewer, smaller steps.
+  # Everything else is SPEC §7's default.
+  TRAIN_FLAGS="--steps 24 --batch-prompts 32 --lr 1e-4 --save-every 8 --micro-batch 32"
+  CKPT_EVALS="toy:sample4"
+  RAFT_FLAGS=""
+else
+  TRAIN_FLAGS=""
+  CKPT_EVALS="aime24:curve8 aime25:curve8 math500:sample4"
+  RAFT_FLAGS=""
+fi
+
+echo "== 0. the toy world (cached by a hash of its code) =="
+if [ "$PAIR" = toy ]; then python -c "from lib import toy; print(toy.build())"; fi
+
+echo "== 2. baselines: π_pre, π_post and the initial student on every benchmark and protocol =="
+python 02_baselines.py --run-dir "$RUN" --pair "$PAIR" --backend "$BACKEND"
+
+echo "== 3. training: classic OPD from the stronger teacher, then Direct-OPD with both rewards =="
+for REWARD in opd delta-sampled delta-topk; do
+  OUT="$RUN/train/$REWARD"
+  if [ -f "$OUT/manifest.json" ]; then
+    echo "$OUT is finished: skipped"
+  else
+    RESUME=""; [ -d "$OUT/resume" ] && RESUME="--resume"
+    python 03_opd_train.py --nproc "$NPROC" --pair "$PAIR" --run-dir "$RUN" --reward "$REWARD" $TRAIN_FLAGS $RESUME
+  fi
+  echo "== 4. evaluating the $REWARD checkpoints =="
+  for CKPT in "$OUT"/step_*/; do
+    for EVAL in $CKPT_EVALS; do
+      python 04_eval.py --run-dir "$RUN" --model "$CKPT" --benchmark "${EVAL%%:*}" --protocol "${EVAL##*:}" \
+        --backend "$BACKEND" --skip-if-exists
+    done
+  done
+done
+
+echo "== 5. statistics =="
+python 05_stats.py --run-dir "$RUN" --pair "$PAIR"
+echo "== 6. report =="
+python 06_report.py --run-dir "$RUN"
+echo "done: $RUN/report/README.md"

@@ -1,0 +1,157 @@
+"""torchrun, FSDP2 and checkpoints, in the torchtitan manner (SPEC §7.7).
+
+- `init()`: one process group for every launch — gloo on CPU, NCCL on CUDA; a plain `python` launch is a group of 1.
+- `shard(model)`: `fully_shard` each decoder layer, then the root; bf16 params with fp32 gradient reduction on CUDA
+  (fp32 everywhere on CPU, so 1-process and 2-process runs agree to float tolerance). Frozen models are sharded too.
+- `full_state_dict(model)`: the unsharded weights (every rank takes part; rank 0 receives them on CPU).
+- `save_hf(...)`: a merged Hugging Face folder, loadable by `AutoModelForCausalLM.from_pretrained`, whose config,
+  generation config and tokenizer files are copied byte-identical from the initial model.
+- `save_resume` / `load_resume`: sharded model + optimizer through torch.distributed.checkpoint, plus the loop state.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from lib.artifacts import atomic_write_json, read_json
+
+HF_SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                 "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt", "added_tokens.json")
+
+
+@dataclass
+class Dist:
+    rank: int
+    world: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def init() -> Dist:
+    """Join (or, for a plain `python` launch, create) the process group."""
+    if "RANK" not in os.environ:  # single process: a group of one, so every collective below still works
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=os.environ.get("MASTER_PORT", str(29500 + os.getpid() % 1000)))
+    cuda = torch.cuda.is_available()
+    local = int(os.environ["LOCAL_RANK"])
+    if cuda:
+        torch.cuda.set_device(local)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if cuda else "gloo")
+    device = torch.device("cuda", local) if cuda else torch.device("cpu")
+    return Dist(dist.get_rank(), dist.get_world_size(), local, device)
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    lm = getattr(model, "lm", model)
+    return lm.model.layers
+
+
+def shard(model: nn.Module, *, bf16: bool, activation_checkpointing: bool = False) -> nn.Module:
+    """FSDP2: each decoder layer is one unit (its params are gathered just before it runs), then the root."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+    layers = decoder_layers(model)
+    for i, layer in enumerate(layers):
+        if activation_checkpointing:
+            from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+            layer = checkpoint_wrapper(layer, preserve_rng_state=False)
+            layers[i] = layer
+        # the last layer stays gathered after forward: backward needs it first
+        fully_shard(layer, mp_policy=mp, reshard_after_forward=i < len(layers) - 1)
+    fully_shard(model, mp_policy=mp)
+    return model
+
+
+def full_state_dict(model: nn.Module) -> dict:
+    """Unsharded weights on rank 0 (CPU), {} elsewhere; keys without wrapper prefixes. Collective."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return {_clean(k): v for k, v in sd.items()}
+
+
+def full_params(model: nn.Module):
+    """(name, full tensor) for every parameter, on every rank: what is pushed into a sampler each step. Collective."""
+    for name, p in model.named_parameters():
+        t = p.data
+        yield _clean(name), (t.full_tensor() if hasattr(t, "full_tensor") else t)
+
+
+def _clean(name: str) -> str:
+    for prefix in ("lm.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module."):
+        name = name.replace(prefix, "")
+    return name
+
+
+def config_dtype(model_dir: Path) -> torch.dtype:
+    """The dtype a model folder was saved in (config `dtype`, formerly `torch_dtype`): checkpoints keep it."""
+    cfg = read_json(Path(model_dir) / "config.json")
+    return getattr(torch, str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"))
+
+
+def save_hf(state: dict, init_dir: Path, out: Path, dtype: torch.dtype, meta: dict) -> None:
+    """Write a merged HF folder: weights in `dtype`, side files copied byte-identical from the initial model."""
+    from huggingface_hub import save_torch_state_dict
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    config = read_json(init_dir / "config.json")
+    state = {k: v.to(dtype).contiguous() for k, v in state.items()}
+    if config.get("tie_word_embeddings"):
+        state.pop("lm_head.weight", None)   # tied: the embedding is the head; writing both would untie on load
+    save_torch_state_dict(state, tmp, max_shard_size="5GB")
+    for name in HF_SIDE_FILES:
+        if (init_dir / name).exists():
+            shutil.copyfile(init_dir / name, tmp / name)
+    atomic_write_json(tmp / "checkpoint.json", meta)
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
+
+
+def save_resume(model: nn.Module, optim: torch.optim.Optimizer, state: dict, out: Path) -> None:
+    """Sharded model + optimizer (torch.distributed.checkpoint) and the loop state, written then renamed. Collective."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    msd, osd = get_state_dict(model, optim)
+    tmp = out.with_name(out.name + ".tmp")
+    if dist.get_rank() == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+    dist.barrier()
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp))
+    if dist.get_rank() == 0:
+        atomic_write_json(tmp / "loop_state.json", state)
+        shutil.rmtree(out, ignore_errors=True)
+        os.replace(tmp, out)
+    dist.barrier()
+
+
+def load_resume(model: nn.Module, optim: torch.optim.Optimizer, src: Path) -> dict:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    msd, osd = get_state_dict(model, optim)
+    sd = {"model": msd, "optim": osd}
+    dcp.load(sd, checkpoint_id=str(src))
+    set_state_dict(model, optim, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+    return read_json(src / "loop_state.json")
+
+
+def all_sum(*values: float, device=None) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def all_max(*values: float, device=None) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
