@@ -72,6 +72,7 @@ def parse_args(argv=None):
     a("--save-every", type=int, default=20, help="checkpoint every N steps (and at the last step)")
     a("--micro-batch", type=int, default=8, help="sequences per forward/backward on each rank")
     a("--backend", default="hf", choices=["hf", "vllm"], help="rollout engine: in-process torch/hf, or colocated vLLM")
+    a("--vllm-gpu-memory", type=float, default=0.3, help="vLLM's share of GPU memory when colocated")
     a("--activation-checkpointing", action="store_true", help="recompute decoder layers in backward")
     a("--scoring", default="fused-linear", choices=["fused-linear", "logits"],
       help="project hidden states tile by tile (logits never exist) or materialise logits then the kernel")
@@ -140,9 +141,13 @@ def frozen_scorer(path, args, d, bf16):
 def make_engine(args, student_path, tokenizer, d, bf16):
     from lib import sampling
     if args.backend == "vllm":
+        # one engine per rank, colocated with the trainer; under torchrun each rank samples its own prompts
+        # (vLLM's external launcher, data parallel): verified on 1 CPU process, not on multi-GPU (no vLLM there)
+        multi = dict(data_parallel_size=d.world, distributed_executor_backend="external_launcher") if d.world > 1 else {}
         return sampling.VLLMEngine(str(student_path), dtype="bfloat16" if bf16 else "float32",
-                                   max_model_len=args.max_prompt_len + args.max_response_len,
-                                   enable_sleep_mode=d.device.type == "cuda")
+                                   max_model_len=args.max_prompt_len + args.max_response_len, tokenizer=tokenizer,
+                                   gpu_memory_utilization=args.vllm_gpu_memory, seed=args.seed,
+                                   enable_sleep_mode=d.device.type == "cuda", **multi)
     sampler_lm = load_lm(student_path, torch.bfloat16 if bf16 else torch.float32, d.device).eval()
     return sampling.HFEngine(sampler_lm, tokenizer, batch_size=args.micro_batch * 8)
 
@@ -374,7 +379,8 @@ def main(argv=None):
                        outputs=outputs, started=started, wall_s=wall, gpu_s=wall * W if bf16 else 0.0,
                        extra={"world_size": W})
         print(f"[03] done: {out} | collapse watch {json.dumps(watch.summary())}")
-    torch.distributed.destroy_process_group()
+    if args.backend != "vllm":   # vLLM tears the groups down itself at exit (destroying them first breaks that)
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

