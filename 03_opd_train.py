@@ -74,6 +74,7 @@ def parse_args(argv=None):
     a("--backend", default="hf", choices=["hf", "vllm"], help="rollout engine: in-process torch/hf, or colocated vLLM")
     a("--vllm-gpu-memory", type=float, default=0.3, help="vLLM's share of GPU memory when colocated")
     a("--activation-checkpointing", action="store_true", help="recompute decoder layers in backward")
+    a("--compile", action="store_true", help="torch.compile each decoder layer of the student (torchtitan-style)")
     a("--scoring", default="fused-linear", choices=["fused-linear", "logits"],
       help="project hidden states tile by tile (logits never exist) or materialise logits then the kernel")
     a("--resume", action="store_true", help="continue train/<run-name>/ from its last checkpoint")
@@ -195,7 +196,7 @@ def main(argv=None):
     student = TokenScorer(load_lm(resolved["student"].path, torch.float32, d.device),
                           fused_linear=args.scoring == "fused-linear")
     n_params = sum(p.numel() for p in student.parameters())
-    D.shard(student, bf16=bf16, activation_checkpointing=args.activation_checkpointing)
+    D.shard(student, bf16=bf16, activation_checkpointing=args.activation_checkpointing, compile=args.compile)
     ref = frozen_scorer(resolved["student"].path, args, d, bf16) if args.kl_ref == "init" else None
     teachers = {k: frozen_scorer(resolved[k].path, args, d, bf16) for k in roles if k != "student"}
     optim = torch.optim.AdamW(student.parameters(), lr=args.lr, weight_decay=args.weight_decay)

@@ -57,8 +57,9 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     return lm.model.layers
 
 
-def shard(model: nn.Module, *, bf16: bool, activation_checkpointing: bool = False) -> nn.Module:
-    """FSDP2: each decoder layer is one unit (its params are gathered just before it runs), then the root."""
+def shard(model: nn.Module, *, bf16: bool, activation_checkpointing: bool = False, compile: bool = False) -> nn.Module:
+    """FSDP2: each decoder layer is one unit (its params are gathered just before it runs), then the root.
+    Order as in torchtitan: activation checkpointing, then torch.compile of each layer, then fully_shard."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
     layers = decoder_layers(model)
@@ -67,6 +68,8 @@ def shard(model: nn.Module, *, bf16: bool, activation_checkpointing: bool = Fals
             from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
             layer = checkpoint_wrapper(layer, preserve_rng_state=False)
             layers[i] = layer
+        if compile:
+            layer.compile()          # in place: identical layers share one compiled graph
         # the last layer stays gathered after forward: backward needs it first
         fully_shard(layer, mp_policy=mp, reshard_after_forward=i < len(layers) - 1)
     fully_shard(model, mp_policy=mp)

@@ -121,6 +121,26 @@ def nucleus(z_BV: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tenso
     return idx[:, :K], z_sorted[:, :K].masked_fill(~keep[:, :K], float("-inf"))
 
 
+def noisy_argmax(z_BK, idx_BK, seed_lo_B, seed_hi_B, step) -> torch.Tensor:
+    """argmax_k (z + Gumbel noise): the sampled position in each row."""
+    return (z_BK.double() + gumbel_noise(seed_lo_B, seed_hi_B, step, idx_BK)).argmax(-1)
+
+
+_fused_noisy_argmax = None
+
+
+def fused_noisy_argmax(z_BK, idx_BK, seed_lo_B, seed_hi_B, step: int) -> torch.Tensor:
+    """On CUDA the ~40 elementwise integer ops of the hash over B × V run as one compiled kernel (measured on the
+    H200 at B = 64, V = 151,936: eager costs ~50 ms a step, 3× a whole decode step). Same ops, same bits."""
+    global _fused_noisy_argmax
+    if not z_BK.is_cuda:
+        return noisy_argmax(z_BK, idx_BK, seed_lo_B, seed_hi_B, step)
+    if _fused_noisy_argmax is None:
+        _fused_noisy_argmax = torch.compile(noisy_argmax, dynamic=True)
+    step_t = torch.tensor(step, dtype=torch.int64, device=z_BK.device)   # a tensor: no recompile per step
+    return _fused_noisy_argmax(z_BK, idx_BK, seed_lo_B, seed_hi_B, step_t)
+
+
 def choose_tokens(logits_BV: torch.Tensor, seed_lo_B, seed_hi_B, step: int, temperature: float, top_p: float):
     """One decoding step: (token ids (B,), their raw log-probs (B,) fp32)."""
     logits_BV = logits_BV.float()
@@ -128,7 +148,7 @@ def choose_tokens(logits_BV: torch.Tensor, seed_lo_B, seed_hi_B, step: int, temp
         tok_B = logits_BV.argmax(-1)
     else:
         idx_BK, z_BK = nucleus(logits_BV / temperature, top_p)
-        k_B = (z_BK.double() + gumbel_noise(seed_lo_B, seed_hi_B, step, idx_BK)).argmax(-1)
+        k_B = fused_noisy_argmax(z_BK, idx_BK, seed_lo_B, seed_hi_B, step)
         tok_B = idx_BK.gather(1, k_B[:, None])[:, 0]
     logp_B = logits_BV.gather(1, tok_B[:, None])[:, 0] - torch.logsumexp(logits_BV, -1)
     return tok_B, logp_B
