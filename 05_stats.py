@@ -96,7 +96,21 @@ def compare(a, b) -> dict:
     res = stats.paired_bootstrap(a.correct(), b.correct(), args.n_boot, args.seed, (a.rel, b.rel), ids)
     res["audit"]["subset"] = None if ids is None else f"paired on the {len(ids)} problems of the reduced unit"
     return {"benchmark": b.benchmark, "protocol": b.protocol, "protocol_a": a.protocol, "unit_a": a.rel,
-            "unit_b": b.rel, "alias_a": a.alias, "alias_b": b.alias, **res}
+            "unit_b": b.rel, "alias_a": a.alias, "alias_b": b.alias, **res, "by_level": by_level(a, b, ids)}
+
+
+def by_level(a, b, ids) -> dict:
+    """The same paired bootstrap within each difficulty level (rows' `level`): where a shift's capability lives
+    (the toy shift carries level 3; MATH-500 has levels 1–5). {} when the rows carry no level."""
+    level = {r["problem_id"]: r.get("level") for r in a.rows}
+    common = set(level) & {r["problem_id"] for r in b.rows} & (set(ids) if ids is not None else set(level))
+    out = {}
+    for lv in sorted({level[p] for p in common if level[p] is not None}):
+        sub = sorted(p for p in common if level[p] == lv)
+        r = stats.paired_bootstrap(a.correct(), b.correct(), args.n_boot, args.seed, (a.rel, b.rel), sub)
+        out[str(lv)] = {k: r[k] for k in ("gain_pp", "ci95_pp", "p", "p_str", "ci_excludes_0", "n_problems",
+                                          "acc_a", "acc_b")}
+    return out
 
 
 # --- teacher gains and the gate ---

@@ -106,6 +106,14 @@ def figure(path: str, alt: str) -> None:
     L.extend([f"![{alt}](figures/{Path(path).name})", ""])
 
 
+def level_table(entries: list[dict], label, source: str) -> None:
+    """Per-level paired gains (`by_level` of each comparison): where on the difficulty scale a gain lives."""
+    rows = [[*label(e), lv, pct(r["acc_a"], 2), pct(r["acc_b"], 2), pp(r["gain_pp"]), ci(r["ci95_pp"]), r["p_str"],
+             verdict(r), r["n_problems"]] for e in entries for lv, r in e.get("by_level", {}).items()]
+    if rows:
+        table(["", "", "", "level", "a acc", "b acc", "gain (pp)", "95 % CI", "p", "verdict", "problems"], rows, source)
+
+
 def slug(s: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", s)
 
@@ -187,6 +195,8 @@ table(["benchmark", "protocol", "π_pre acc", "π_post acc", "gain (pp)", "95 % 
         t["p_str"], t["n_problems"], t["n_seeds"]] for t in teacher], "`stats/teacher_gains.json`")
 L += [f"Teacher-gain gate (SPEC §6: paired gain on {gate['benchmark']} > 0 with a CI excluding 0): "
       f"**{'PASS' if gate['pass'] else 'FAIL'}** — {gate['reason']}.", ""]
+L += ["By difficulty level (a = π_pre, b = π_post):", ""]
+level_table(teacher, lambda t: [t["benchmark"], t["protocol"], "π_post − π_pre"], "`stats/teacher_gains.json` (by_level)")
 if teacher:
     figure(figures.gains_forest([(f"{t['benchmark']}/{t['protocol']}", t) for t in teacher],
                                 "teacher gain π_post − π_pre", fig_dir / "teacher_gains.png"), "teacher gains")
@@ -229,6 +239,9 @@ table(["run", "step", "unit", "benchmark", "protocol", "init acc", "ckpt acc", "
         ci(g["ci95_pp"]), g["p_str"], verdict(g), g["n_problems"], g["n_seeds"],
         pct(diag_by_unit[g["unit_b"]]["truncation_pct"])] for g in student], "`stats/student_gains.json`, "
       "`stats/diagnostics.json` (truncation)")
+L += ["By difficulty level (a = the student's init, b = the checkpoint):", ""]
+level_table(student, lambda g: [g["run"], f"step {g['step']}", f"{g['benchmark']}/{g['protocol']}"],
+            "`stats/student_gains.json` (by_level)")
 L += [f"Gain scan: {scan['n']} paired student gains — {scan['positive_significant']} positive-significant, "
       f"{scan['negative_significant']} negative-significant, {scan['null']} null. Source: `stats/student_gains.json`", ""]
 if SG["missing_baselines"]:
