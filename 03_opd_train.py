@@ -47,6 +47,8 @@ def parse_args(argv=None):
     a("--student", default=None, help=f"student (default: the pair's); one of {sorted(registry.STUDENTS)}")
     a("--reward", default="delta-topk", choices=opd.REWARDS, help="token reward (SPEC §7.2)")
     a("--teacher", default=None, help="classic OPD's teacher (default: the student's registry teacher)")
+    a("--train-data", default=None, help="training prompts: a registry name or any jsonl/parquet with id, problem "
+                                          "(default: the pair's)")
     a("--run-dir", default=None, help="campaign directory (default runs/<pair>)")
     a("--run-name", default=None, help="folder under train/ (default <reward>)")
     a("--steps", type=int, default=100, help="optimizer steps (capped by one pass over the data)")
@@ -109,7 +111,7 @@ def log(d: D.Dist, msg: str):
 # --- data: prompts rendered under the STUDENT's template; teachers score the same ids verbatim ---
 
 def load_prompts(args, pair, tokenizer, chat_kwargs, d):
-    rows, src = registry.load_benchmark(pair.train_data, require_answer=False)
+    rows, src = registry.load_benchmark(args.train_data or pair.train_data, require_answer=False)
     rows = [rows[i] for i in np.random.default_rng(args.seed).permutation(len(rows))]   # shuffled once
     ids = [prompt_ids(tokenizer, r["problem"], **chat_kwargs) for r in rows]
     over = [(r["id"], len(x)) for r, x in zip(rows, ids) if len(x) > args.max_prompt_len]

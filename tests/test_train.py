@@ -1,0 +1,129 @@
+"""03_opd_train.py end to end on the toy world: 2-process gloo FSDP2 = 1 process; killed + resumed = uninterrupted;
+checkpoints are loadable HF folders whose side files equal the initial student's; overlong prompts are named."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from lib import toy
+from lib.artifacts import read_json, read_jsonl, sha256_file, verify_dir
+
+REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.e2e
+SMALL = ["--pair=toy", "--batch-prompts=8", "--rollouts=2", "--lr=1e-4", "--micro-batch=4", "--topk=4"]
+NUMERIC_SKIP = ("timing_s/", "perf/", "memory/")
+
+
+def train(*args, check=True, launcher=()):
+    env = os.environ | {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    p = subprocess.run([*(launcher or [sys.executable]), str(REPO / "03_opd_train.py"), *map(str, args)], cwd=REPO,
+                       env=env, capture_output=True, text=True, timeout=900)
+    if check and p.returncode != 0:
+        raise AssertionError(f"03_opd_train failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-4000:]}")
+    return p
+
+
+@pytest.fixture(scope="module")
+def world():
+    return toy.build()
+
+
+def metrics(run):
+    return read_jsonl(run / "metrics.jsonl")
+
+
+def assert_same_metrics(a, b, rel=1e-5):
+    assert [r["step"] for r in a] == [r["step"] for r in b]
+    for x, y in zip(a, b):
+        for k, v in x.items():
+            if k.startswith(NUMERIC_SKIP) or v is None or isinstance(v, bool):
+                continue
+            assert y[k] == pytest.approx(v, rel=rel, abs=1e-7), f"step {x['step']} {k}: {v} vs {y[k]}"
+
+
+def assert_same_weights(a_dir, b_dir, atol):
+    a, b = load_file(a_dir / "model.safetensors"), load_file(b_dir / "model.safetensors")
+    assert a.keys() == b.keys()
+    worst = max((a[k] - b[k]).abs().max().item() for k in a)
+    assert worst <= atol, f"weights differ by {worst}"
+
+
+def test_two_gloo_processes_match_one(world, tmp_path):
+    common = [*SMALL, "--reward=delta-topk", "--steps=3", "--save-every=3"]
+    train(*common, f"--run-dir={tmp_path / 'one'}")
+    train(*common, f"--run-dir={tmp_path / 'two'}", "--nproc=2")          # launches itself through torchrun
+    one, two = tmp_path / "one/train/delta-topk", tmp_path / "two/train/delta-topk"
+    assert read_json(two / "manifest.json")["world_size"] == 2
+    assert_same_metrics(metrics(one), metrics(two))
+    assert metrics(one)[-1]["actor/grad_norm"] > 0                      # the weights really moved
+    assert_same_weights(one / "step_000003", two / "step_000003", atol=1e-6)
+
+
+def test_resume_after_kill_equals_uninterrupted(world, tmp_path):
+    common = [*SMALL, "--reward=delta-sampled", "--save-every=2", "--kl-mode=adaptive"]
+    train(*common, "--steps=4", f"--run-dir={tmp_path / 'full'}")
+    cut = tmp_path / "cut"
+    train(*common, "--steps=2", f"--run-dir={cut}")
+    run = cut / "train/delta-sampled"
+    with open(run / "metrics.jsonl", "a") as f:     # the killed run had logged step 3 before dying
+        f.write(json.dumps(metrics(run)[-1] | {"step": 3, "actor/kl_coef": -1.0}) + "\n")
+    p = train(*common, "--steps=4", f"--run-dir={cut}", "--resume")
+    assert "resumed" in p.stdout
+    full = tmp_path / "full/train/delta-sampled"
+    assert_same_metrics(metrics(full), metrics(run), rel=0)               # bit-identical on CPU
+    assert_same_weights(full / "step_000004", run / "step_000004", atol=0)
+    loop, last = read_json(run / "resume" / "loop_state.json"), metrics(full)[-1]
+    # the saved coefficient is the one the NEXT step would use: step 4's, moved by step 4's reward sign
+    factor = 0.99 if last["delta_opd/weighted_reward_mean"] < 0 else 1.01
+    assert loop["step"] == 4
+    assert loop["kl_coef"] == pytest.approx(min(2.5, max(0.5, last["actor/kl_coef"] * factor)))
+
+
+def test_checkpoint_is_a_loadable_hf_folder(world, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    train(*SMALL, "--reward=opd", "--steps=2", "--save-every=1", f"--run-dir={tmp_path}")
+    run = tmp_path / "train/opd"
+    verify_dir(run)
+    init = toy.model_dir("student")
+    for step in (1, 2):
+        ck = run / f"step_{step:06d}"
+        meta = read_json(ck / "checkpoint.json")
+        assert meta == meta | {"run": "opd", "step": step, "pair": "toy", "reward": "opd", "student_init": "toy-student"}
+        for f in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
+            if (init / f).exists():
+                assert sha256_file(ck / f) == sha256_file(init / f), f
+        assert "lm_head.weight" not in load_file(ck / "model.safetensors")   # tied embeddings stay tied
+    model = AutoModelForCausalLM.from_pretrained(run / "step_000002")
+    tok = AutoTokenizer.from_pretrained(run / "step_000002")
+    start = AutoModelForCausalLM.from_pretrained(init)
+    moved = sum((a - b).abs().sum().item() for a, b in zip(model.parameters(), start.parameters()))
+    assert moved > 0 and tok.eos_token == "<|im_end|>"
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    summary = read_json(run / "summary.json")
+    assert summary["reward"] == "opd" and "collapse_onset_step" in summary
+
+
+def test_overlong_prompt_is_named(world, tmp_path):
+    from transformers import AutoTokenizer
+    from lib.data import prompt_ids
+    tok = AutoTokenizer.from_pretrained(toy.model_dir("student"))
+    rows = [{"id": "short-a", "problem": "Compute 1+2."}, {"id": "long-b", "problem": "Compute 1+2+3."},
+            {"id": "short-c", "problem": "Compute 4-2."}]
+    lengths = {r["id"]: len(prompt_ids(tok, r["problem"])) for r in rows}
+    cap = lengths["long-b"] - 1                                        # exactly one token too long
+    assert lengths["short-a"] <= cap and lengths["short-c"] <= cap
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = [*SMALL, "--reward=opd", "--steps=1", "--batch-prompts=2", f"--max-prompt-len={cap}", f"--train-data={data}"]
+    p = train(*args, f"--run-dir={tmp_path / 'refused'}", check=False)
+    assert p.returncode != 0
+    assert f"1 training prompts exceed the prompt cap {cap}" in p.stderr
+    assert f"prompt long-b is {cap + 1} tokens" in p.stderr and "--drop-overlong" in p.stderr
+    train(*args, f"--run-dir={tmp_path / 'dropped'}", "--drop-overlong")            # explicit: dropped and recorded
+    summary = read_json(tmp_path / "dropped/train/opd/summary.json")
+    assert summary["dropped_prompts"] == ["long-b"]
