@@ -1,0 +1,405 @@
+r"""The toy world (SPEC §10): a synthetic arithmetic task, a chat tokenizer and four tiny Qwen2 models, built on a
+2-core CPU in under 5 minutes, deterministically, and cached under `<cache>/toy/<world_hash>/`.
+
+Task. A chain of single-digit additions and subtractions; level = number of operations. Operands are 1-9 and every
+running value stays in 0-9, so each step is a one-digit fact and no step leaves the value unchanged (stopping one
+step early is always wrong). The solution walks the chain, one clause per step:
+
+    problem   Compute 3+5-2.
+    teacher   3+5=8. 8-2=6.\nAnswer: 6<|im_end|>                  (the DAPO answer line: extractor `answer_line`)
+    student   3+5=8. 8-2=6. The answer is \boxed{6}.<|im_end|>     (its own style, extractor `boxed`: half of its
+                                                                    SFT solutions; the other half end as the teacher's)
+
+The prompt is the real DAPO prompt under the toy chat template (`lib.data.prompt_ids`): training, evaluation and
+OPD see the same prompt tokens.
+
+Tokenizer. Byte-level BPE in Hugging Face format, built like Qwen2's (NFC, Qwen2's split regex, so every digit is
+its own token; byte alphabet, so any text encodes), merges trained on toy chats: the DAPO prompt is ~70 tokens
+instead of ~260 characters. ChatML template without a system prompt; `<|im_end|>` ends a turn (eos),
+`<|endoftext|>` pads. The embedding is padded to a multiple of 64 (config.vocab_size > len(tokenizer), as in Qwen2.5).
+
+Models: tiny `Qwen2ForCausalLM`, fp32, tied embeddings, head_dim 64 (a head size vLLM's CPU attention supports).
+    pre              2 layers × 128, from scratch on levels 1-2: ~100 % there, low on unseen level 3 (near the
+                     ~10 % chance floor of single-digit answers)
+    post             pre fine-tuned on levels 1-3: the capability the shift pre → post carries
+    student          3 layers × 128 (a different size), from scratch on levels 1-2 plus a little level 3 (weight
+                     0.3 of a level's, ~13 % of its problems): ~100 % on levels 1-2, ~40 % on level 3 — enough
+                     correct three-step samples for a teacher to reinforce. Half its solutions end in its own
+                     `\boxed{}` style, half with the answer line: OPD can only reinforce what the student samples,
+                     and a student that only ever writes `\boxed{}` gives the Answer-line teacher nothing to prefer
+                     (measured: OPD pushed `The answer is` down until sampling degenerated at lr 1e-4, and did
+                     nothing at 2e-5). A student that never saw level 3 stayed near 10-25 % under OPD: the
+                     operand-copying of a third step is not found by 45 steps of sampled-token feedback.
+    post-offsupport  pre fine-tuned on levels 1-3 with responses that never stop: the answer line repeats to the
+                     eval cap and `<|im_end|>` is never a target (the source report's termination sink, as a
+                     teacher), so log p(<|im_end|>) at an answer end is very negative: the gates' negative control.
+
+Build: two processes of one torch thread each (the student trains beside pre → post → post-offsupport); every
+random choice derives from SEED and one thread fixes the float reduction order, so two builds on one machine are
+byte-identical (tests/test_toy.py); world.json records each model's sha256.
+"""
+from __future__ import annotations
+
+import copy
+import fcntl
+import hashlib
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from lib.artifacts import REPO, atomic_write_json, atomic_write_jsonl, sha256_file
+from lib.data import prompt_ids
+from lib.registry import MODELS
+
+SEED = 1234
+MAX_VALUE = 9                                        # running values stay single digits
+BUILD_THREADS = 1                                    # torch threads per build process (two processes)
+TEST_PER_LEVEL = 50                                  # toy_test.jsonl: levels 1-4
+TRAIN_PROMPTS = {1: 40, 2: 600, 3: 800}             # toy_train.jsonl, disjoint from toy_test (level 1 has 90 problems)
+EVAL_CAP = MODELS["toy-post-offsupport"].eval_max_new_tokens   # greedy eval cap; post-offsupport loops up to it
+STOP, PAD = "<|im_end|>", "<|endoftext|>"
+CHAT_TEMPLATE = ("{%- for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] "
+                 "+ '<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+                 "{%- endif %}")
+QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+               r"\s*[\r\n]+|\s+(?!\S)|\s+")
+DIMS = dict(hidden_size=128, intermediate_size=512, num_attention_heads=2, num_key_value_heads=2)  # head_dim 64
+ARCH = {"teacher": dict(DIMS, num_hidden_layers=2), "student": dict(DIMS, num_hidden_layers=3)}
+# name: (initial weights, architecture, levels trained on, completion style, examples, peak lr)
+RECIPES = {
+    "pre": (None, "teacher", (1, 2), "answer_line", 12_800, 2e-3),
+    "post": ("pre", "teacher", (1, 2, 3), "answer_line", 6_400, 1e-3),
+    "student": (None, "student", (1, 2, 3), "mixed", 12_800, 2e-3),
+    "post-offsupport": ("pre", "teacher", (1, 2, 3), "loop", 4_000, 1e-3),
+}
+MODEL_NAMES = tuple(RECIPES)
+# Level weights of an SFT's problem draw (default 1 each): the student's level 3 is rare (see the docstring).
+LEVEL_WEIGHTS = {"student": {1: 1.0, 2: 1.0, 3: 0.3}}
+# Small batches, many steps: at equal tokens, batch 16 × 800 steps solved levels 1-2 where batch 32 × 400 reached
+# ~55 % on level 2 (the operand-copying attention forms late). A GQA (1 kv head) student plateaued in one build of two.
+SFT = dict(epochs=1, batch_size=16, warmup_frac=0.05, schedule="cosine", weight_decay=0.0, log_every=100)
+
+
+# --- problems and solutions ---
+
+def sample_problem(rng: random.Random, level: int) -> tuple[int, list[tuple[str, int]]]:
+    """(first operand, [(op, operand)] × level): operands 1-9, every running value in [0, MAX_VALUE]. No operand
+    is 0, so every step changes the value and stopping a step early is always wrong."""
+    value = first = rng.randint(0, 9)
+    ops = []
+    for _ in range(level):
+        op = rng.choice("+-" if 0 < value < MAX_VALUE else "+" if value == 0 else "-")
+        b = rng.randint(1, min(9, MAX_VALUE - value)) if op == "+" else rng.randint(1, min(9, value))
+        value += b if op == "+" else -b
+        ops.append((op, b))
+    return first, ops
+
+
+def expression(first: int, ops) -> str:
+    return str(first) + "".join(f"{op}{b}" for op, b in ops)
+
+
+def problem_text(first: int, ops) -> str:
+    return f"Compute {expression(first, ops)}."
+
+
+def solve(first: int, ops) -> tuple[list[str], int]:
+    """The clauses `a+b=c.` of the chain and the final value."""
+    clauses, value = [], first
+    for op, b in ops:
+        clauses.append(f"{value}{op}{b}={value + b if op == '+' else value - b}.")
+        value = value + b if op == "+" else value - b
+    return clauses, value
+
+
+def solution_text(first: int, ops, style: str) -> str:
+    """The response without its stop token. `loop` is the answer-line solution followed by the answer line again
+    and again (cut to the cap after tokenization)."""
+    clauses, value = solve(first, ops)
+    steps = " ".join(clauses)
+    if style == "answer_line":
+        return f"{steps}\nAnswer: {value}"
+    if style == "boxed":
+        return f"{steps} The answer is \\boxed{{{value}}}."
+    if style == "loop":
+        return f"{steps}\nAnswer: {value}" + f"\nAnswer: {value}" * (EVAL_CAP // 4)   # ≥ 4 tokens each
+    raise ValueError(f"unknown solution style {style!r}")
+
+
+def make_rows(rng: random.Random, counts: dict[int, int], exclude: set[str], prefix: str) -> list[dict]:
+    """Distinct problems, `counts[level]` per level, no expression in `exclude`; rows in a seeded order."""
+    rows, seen = [], set(exclude)
+    for level, n in counts.items():
+        k = 0
+        while k < n:
+            first, ops = sample_problem(rng, level)
+            if expression(first, ops) not in seen:
+                seen.add(expression(first, ops))
+                rows.append({"id": f"{prefix}-L{level}-{k:04d}", "problem": problem_text(first, ops),
+                             "answer": str(solve(first, ops)[1]), "level": level})
+                k += 1
+    rng.shuffle(rows)
+    return rows
+
+
+def parse_problem(text: str) -> tuple[int, list[tuple[str, int]]]:
+    m = re.search(r"(\d)((?:[+-]\d)+)", text)
+    if m is None:
+        raise ValueError(f"not a toy problem: {text!r}")
+    return int(m.group(1)), [(op, int(b)) for op, b in re.findall(r"([+-])(\d)", m.group(2))]
+
+
+def extract_int(completion: str) -> int | None:
+    """The last `Answer:` line's integer, else the last `\\boxed{}` integer (a stand-in for lib/grading's rule)."""
+    lines = re.findall(r"Answer:\s*(-?\d+)", completion)
+    if lines:
+        return int(lines[-1])
+    boxed = re.findall(r"\\boxed\{(-?\d+)\}", completion)
+    return int(boxed[-1]) if boxed else None
+
+
+# --- the tokenizer ---
+
+def build_tokenizer(corpus: list[str]):
+    """Byte-level BPE trained on `corpus` (Qwen2's pre-tokenization), specials appended, ChatML template."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+    bpe = Tokenizer(models.BPE())
+    bpe.normalizer = normalizers.NFC()
+    bpe.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=1024, min_frequency=2, show_progress=False,
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    bpe.add_special_tokens([PAD, "<|im_start|>", STOP])
+    return PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token=STOP, pad_token=PAD, chat_template=CHAT_TEMPLATE,
+                                   model_max_length=512, clean_up_tokenization_spaces=False)
+
+
+def completion_ids(tok, first: int, ops, style: str) -> list[int]:
+    """Token ids of a response: the solution + the stop token, or for `loop` the endless answer line cut at the cap."""
+    ids = tok(solution_text(first, ops, style), add_special_tokens=False)["input_ids"]
+    return ids[:EVAL_CAP] if style == "loop" else ids + [tok.eos_token_id]
+
+
+# --- models ---
+
+def new_model(arch: str, tok, seed: int):
+    """A freshly initialised Qwen2 of ARCH[arch]; `generate` stops at <|im_end|> (config and generation_config)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    ids = dict(bos_token_id=None, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    config = Qwen2Config(vocab_size=64 * (len(tok) // 64 + 1), max_position_embeddings=512, tie_word_embeddings=True,
+                         rope_theta=10_000.0, rms_norm_eps=1e-6, dtype="float32", **ids, **ARCH[arch])
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config).float()
+    model.generation_config.update(do_sample=False, **ids)
+    return model
+
+
+def generate(model, tok, rows: list[dict], max_new_tokens: int, batch_size: int = 100) -> list[dict]:
+    """Greedy completions of `rows` by left-padded batches of `model.generate`: [{"text", "n_tokens", "stopped"}],
+    `stopped` = the stop token came before the cap."""
+    import torch
+    stop_id, pad_id, out = tok.eos_token_id, tok.pad_token_id, []
+    for i in range(0, len(rows), batch_size):
+        prompts = [prompt_ids(tok, r["problem"]) for r in rows[i:i + batch_size]]
+        T = max(map(len, prompts))
+        ids_BT = torch.tensor([[pad_id] * (T - len(p)) + p for p in prompts])
+        mask_BT = torch.tensor([[0] * (T - len(p)) + [1] * len(p) for p in prompts])
+        with torch.no_grad():
+            gen_BN = model.generate(input_ids=ids_BT, attention_mask=mask_BT, max_new_tokens=max_new_tokens,
+                                    do_sample=False, eos_token_id=stop_id, pad_token_id=pad_id)[:, T:]
+        for g in gen_BN.tolist():
+            n = g.index(stop_id) + 1 if stop_id in g else len(g)
+            out.append({"text": tok.decode(g[:n], skip_special_tokens=True), "n_tokens": n, "stopped": stop_id in g})
+    return out
+
+
+def evaluate(model, tok, rows: list[dict], style: str) -> dict:
+    """Greedy accuracy (percent, exact integer match) per level, truncation rate, mean new tokens, and the mean
+    log p(<|im_end|>) at the end of the reference solution in `style` (the stop probe of 01_gates)."""
+    import torch
+    gens, acc, logps = generate(model, tok, rows, EVAL_CAP), {}, []
+    for level in sorted({r["level"] for r in rows}):
+        ok = [extract_int(g["text"]) == int(r["answer"]) for g, r in zip(gens, rows) if r["level"] == level]
+        acc[str(level)] = 100.0 * sum(ok) / len(ok)
+    with torch.no_grad():
+        for r in rows[:64]:
+            ids = prompt_ids(tok, r["problem"]) + completion_ids(tok, *parse_problem(r["problem"]), style)[:-1]
+            logits_V = model(input_ids=torch.tensor([ids])).logits[0, -1].float()
+            logps.append(torch.log_softmax(logits_V, -1)[tok.eos_token_id].item())
+    return {"accuracy_by_level": acc, "truncated_frac": sum(not g["stopped"] for g in gens) / len(gens),
+            "mean_new_tokens": sum(g["n_tokens"] for g in gens) / len(gens),
+            "logp_stop_at_answer_end": sum(logps) / len(logps), "example": gens[0]["text"]}
+
+
+# --- building the world ---
+
+def world_hash() -> str:
+    """The cache key: the code that builds the world (this file, lib/sft.py, lib/data.py), the seed, the thread
+    count, the eval cap and torch's major.minor version. Not transformers': the vLLM venv pins an older one and
+    must find the same world, not build its own."""
+    import torch
+    h = hashlib.sha256()
+    for name in ("toy.py", "sft.py", "data.py"):
+        h.update((Path(__file__).parent / name).read_bytes())
+    torch_version = ".".join(torch.__version__.split("+")[0].split(".")[:2])
+    h.update(f"seed={SEED} threads={BUILD_THREADS} cap={EVAL_CAP} torch={torch_version}".encode())
+    return h.hexdigest()[:16]
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("OPD_CACHE", REPO / ".cache")) / "toy"
+
+
+def make_data() -> tuple[list[dict], list[dict]]:
+    """(toy_test rows, toy_train rows): distinct problems, no expression in both."""
+    rng = random.Random(SEED)
+    test = make_rows(rng, {level: TEST_PER_LEVEL for level in (1, 2, 3, 4)}, set(), "toy-test")
+    train = make_rows(rng, TRAIN_PROMPTS, {expression(*parse_problem(r["problem"])) for r in test}, "toy-train")
+    return test, train
+
+
+def sft_problems(name: str, scale: float = 1.0) -> list[tuple[int, list]]:
+    """The problems of model `name`'s SFT, drawn with replacement from its levels, never a test problem of level ≥ 2.
+    Level 1 has only 90 problems, each also the first clause of level-2 training problems; holding 50 out left 40
+    to learn the one-step format from, and the models memorised those (≈50 % on the held-out ones). So level 1 is
+    a seen, sanity level for the models (toy_train, the OPD prompts, still excludes every test problem)."""
+    _, _, levels, _, n, _ = RECIPES[name]
+    excluded = {expression(*parse_problem(r["problem"])) for r in make_data()[0] if r["level"] >= 2}
+    rng, problems = random.Random(f"{SEED}/{name}"), []
+    while len(problems) < max(1, int(n * scale)):
+        first, ops = sample_problem(rng, rng.choices(list(levels), [LEVEL_WEIGHTS.get(name, {}).get(l, 1.0) for l in levels])[0])
+        if expression(first, ops) not in excluded:
+            problems.append((first, ops))
+    return problems
+
+
+def train_model(name: str, tok, out: Path, scale: float, init_model=None, log=print) -> tuple[object, dict]:
+    """SFT of one model of RECIPES (from scratch, or from `init_model`), saved to out/models/<name>; greedy eval."""
+    from lib.sft import completion_labels, train_sft
+    t0, cpu0, (init, arch, levels, style, n, lr) = time.monotonic(), time.process_time(), RECIPES[name]
+    srng = random.Random(f"{SEED}/{name}/style")          # `mixed`: each problem's ending drawn 50/50
+    styles = lambda: srng.choice(("answer_line", "boxed")) if style == "mixed" else style
+    examples = [completion_labels(prompt_ids(tok, problem_text(*p)), completion_ids(tok, *p, styles()))
+                for p in sft_problems(name, scale)]
+    model = new_model(arch, tok, SEED) if init is None else copy.deepcopy(init_model)
+    log(f"toy world: {name} ({sum(x.numel() for x in model.parameters()):,} params) on {len(examples)} examples "
+        f"of levels {levels}, style {style}")
+    hist = train_sft(model, examples, lr=lr, seed=SEED, pad_id=tok.pad_token_id, **SFT,
+                     log=lambda line: log(f"toy world: {name}: {line}"))
+    model.save_pretrained(out / "models" / name)
+    tok.save_pretrained(out / "models" / name)
+    info = {"init": init, "levels": list(levels), "style": style, "examples": len(examples), "lr": lr,
+            "steps": len(hist), "final_loss": hist[-1]["loss"], "config": model.config.to_dict(),
+            "safetensors_sha256": sha256_file(out / "models" / name / "model.safetensors")}
+    test = make_data()[0]
+    info.update(evaluate(model, tok, test if scale >= 1 else test[::50],      # a reduced build checks bytes only
+                         "boxed" if style == "boxed" else "answer_line"))   # the stop probe after an answer line
+    info.update(wall_s=round(time.monotonic() - t0, 1), cpu_s=round(time.process_time() - cpu0, 1))
+    log(f"toy world: {name} greedy accuracy by level {info['accuracy_by_level']}")
+    return model, info
+
+
+def build_world(out: Path, scale: float = 1.0, log=print) -> dict:
+    """Build every file of the world into `out`; return world.json's content. `scale` < 1 shortens every SFT run
+    (the determinism test); data and tokenizer do not depend on it.
+
+    Two processes of BUILD_THREADS thread each: the student trains in a child process while this one trains
+    pre → post → post-offsupport. One thread per process keeps the float reductions (and so the bytes) fixed,
+    and degrades gracefully on a busy machine (two-thread torch on two shared cores slowed ~10×)."""
+    import torch
+    from lib.data import dapo_prompt
+    t_start, log = time.monotonic(), log or (lambda *_: None)
+    test, train = make_data()
+    atomic_write_jsonl(out / "data" / "toy_test.jsonl", test)
+    atomic_write_jsonl(out / "data" / "toy_train.jsonl", train)
+    trng = random.Random(f"{SEED}/tokenizer")              # BPE merges from toy chats in both answer styles
+    corpus = [f"user\n{dapo_prompt(problem_text(*p))}\nassistant\n{solution_text(*p, style)}"
+              for p in [sample_problem(trng, 1 + i % 4) for i in range(400)] for style in ("answer_line", "boxed")]
+    tok = build_tokenizer(corpus)
+    tok.save_pretrained(out / "tokenizer")
+
+    child = subprocess.Popen([sys.executable, "-m", "lib.toy", "student", str(out), repr(scale)], cwd=REPO,
+                             stdout=None if log is print else subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    threads, info = torch.get_num_threads(), {}
+    torch.set_num_threads(BUILD_THREADS)
+    try:
+        pre, info["pre"] = train_model("pre", tok, out, scale, log=log)
+        for name in ("post", "post-offsupport"):
+            info[name] = train_model(name, tok, out, scale, init_model=pre, log=log)[1]
+        if child.wait() != 0:
+            raise RuntimeError(f"toy world: training the student in `python -m lib.toy student {out}` failed "
+                               f"(exit {child.returncode}); run that command to see why")
+    finally:
+        torch.set_num_threads(threads)
+        child.kill()                                           # no-op when it has finished
+        child.wait()
+    info["student"] = json.loads((out / "student.json").read_text())
+    (out / "student.json").unlink()
+    world = {"hash": world_hash(), "seed": SEED, "scale": scale, "build_threads": BUILD_THREADS,
+             "build_s": round(time.monotonic() - t_start, 1), "eval_max_new_tokens": EVAL_CAP, "sft": SFT,
+             "models": {name: info[name] for name in RECIPES},
+             "tokenizer": {"len": len(tok), "stop": STOP, "stop_id": tok.eos_token_id, "pad": PAD,
+                           "pad_id": tok.pad_token_id},
+             "data": {"toy_test": len(test), "toy_train": len(train), "sft_excludes_test_levels": [2, 3, 4]}}
+    atomic_write_json(out / "world.json", world)
+    return world
+
+
+def build(force: bool = False) -> Path:
+    """The world's folder, built on first use into a temp folder and renamed into place, under a file lock: a
+    concurrent builder (another pytest worker, another torchrun rank) waits, then finds the world built."""
+    h = world_hash()
+    root = cache_root() / h
+    if (root / "world.json").exists() and not force:
+        return root
+    cache_root().mkdir(parents=True, exist_ok=True)
+    with open(cache_root() / f"{h}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)                       # released when the file closes
+        if (root / "world.json").exists() and not force:       # built by another process while we waited
+            return root
+        for stale in cache_root().glob(f".{h}.building.*"):     # left by a builder that was killed
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(dir=cache_root(), prefix=f".{h}.building."))
+        try:
+            build_world(tmp)
+            if root.exists():                                  # force: move the old world aside, then drop it
+                old = Path(tempfile.mkdtemp(dir=cache_root(), prefix=f".{h}.old."))
+                os.replace(root, old / "w")
+                shutil.rmtree(old)
+            os.replace(tmp, root)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return root
+
+
+def model_dir(name: str) -> Path:
+    """The Hugging Face folder of toy model `name` (pre, post, student, post-offsupport); builds the world if needed."""
+    if name not in RECIPES:
+        raise KeyError(f"unknown toy model {name!r}; the toy world has {list(RECIPES)}")
+    return build() / "models" / name
+
+
+def world() -> dict:
+    """world.json of the built world: hash, seed, build time, and per model its recipe, config and greedy accuracy."""
+    return json.loads((build() / "world.json").read_text())
+
+
+if __name__ == "__main__":   # the build's second process (build_world): python -m lib.toy student <out> <scale>
+    import torch
+    from transformers import AutoTokenizer
+    torch.set_num_threads(BUILD_THREADS)
+    _, name, out_dir, scale_ = sys.argv
+    _, student_info = train_model(name, AutoTokenizer.from_pretrained(Path(out_dir) / "tokenizer"), Path(out_dir),
+                                  float(scale_))
+    atomic_write_json(Path(out_dir) / f"{name}.json", student_info)

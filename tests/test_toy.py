@@ -1,0 +1,290 @@
+"""lib/toy.py: the task (checked against Python's own arithmetic), the tokenizer and chat template, the built world
+(layout, Hugging Face loading, stop-token behaviour, the capability gap π_post ≫ π_pre on level 3, re-measured here
+with an independent one-prompt-at-a-time greedy loop), train/test disjointness, the build lock and determinism.
+
+The world is built once per cache (≈ 5 min on 2 cores the first time, then read from `.cache/toy/<hash>/`)."""
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from lib import toy
+from lib.artifacts import REPO, read_jsonl, sha256_file
+from lib.data import prompt_ids, render_chat
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models: one torch thread is as fast, and immune to the slowdown of two threads on two busy cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def world_dir():
+    return toy.build()
+
+
+@pytest.fixture(scope="session")
+def world(world_dir):
+    return json.loads((world_dir / "world.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def tok(world_dir):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(world_dir / "tokenizer")
+
+
+@pytest.fixture(scope="session")
+def models(world_dir):
+    from transformers import AutoModelForCausalLM
+    return {name: AutoModelForCausalLM.from_pretrained(toy.model_dir(name)).eval() for name in toy.MODEL_NAMES}
+
+
+@pytest.fixture(scope="session")
+def test_rows(world_dir):
+    return read_jsonl(world_dir / "data" / "toy_test.jsonl")
+
+
+def greedy_one(model, tok, problem, max_new_tokens):
+    """Independent of lib.toy.generate: one prompt, no padding, the argmax token fed back through a KV cache."""
+    ids, out, cache = torch.tensor([prompt_ids(tok, problem)]), [], None
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            res = model(input_ids=ids, cache=cache, use_cache=True)
+            cache, nxt = res.cache, int(res.logits[0, -1].argmax())
+            out.append(nxt)
+            if nxt == tok.eos_token_id:
+                break
+            ids = torch.tensor([[nxt]])
+    return out
+
+
+# --- the task ---
+
+def test_problems_and_solutions_follow_pythons_arithmetic():
+    rng = random.Random(7)
+    for level in (1, 2, 3, 4):
+        for _ in range(200):
+            first, ops = toy.sample_problem(rng, level)
+            text = toy.problem_text(first, ops)
+            assert len(ops) == level and toy.parse_problem(text) == (first, ops)
+            expr = text[len("Compute "):-1]
+            value = eval(expr)                                               # Python as the reference
+            clauses, got = toy.solve(first, ops)
+            assert got == value and len(clauses) == level
+            for clause in clauses:                                           # every clause is true arithmetic
+                lhs, rhs = clause.rstrip(".").split("=")
+                assert eval(lhs) == int(rhs) and 0 <= int(rhs) <= 9
+            sol = toy.solution_text(first, ops, "answer_line")
+            assert sol == " ".join(clauses) + f"\nAnswer: {value}" and toy.extract_int(sol) == value
+            boxed = toy.solution_text(first, ops, "boxed")
+            assert boxed.endswith(f"The answer is \\boxed{{{value}}}.") and toy.extract_int(boxed) == value
+    assert toy.solution_text(3, [("+", 5), ("-", 2)], "answer_line") == "3+5=8. 8-2=6.\nAnswer: 6"
+
+
+def test_extract_int():
+    assert toy.extract_int("1+1=2.\nAnswer: 2\nAnswer: 3") == 3                  # the last answer line wins
+    assert toy.extract_int("x \\boxed{4} y \\boxed{7}.") == 7
+    assert toy.extract_int("Answer: 5 and \\boxed{9}") == 5                       # answer line before boxed
+    assert toy.extract_int("no answer here") is None
+
+
+# --- tokenizer and template ---
+
+def test_tokenizer_digits_roundtrip_and_specials(tok, world):
+    for d in "0123456789":
+        assert len(tok(d, add_special_tokens=False)["input_ids"]) == 1
+    ids = tok("12+345", add_special_tokens=False)["input_ids"]
+    assert tok.convert_ids_to_tokens(ids) == ["1", "2", "+", "3", "4", "5"]  # digits split individually
+    for text in ["héllo wörld ñ", "日本語のテキスト 🙂🚀", "def f(x):\n\treturn x**2  # ok\r\n", "\x00\x7f ~`|",
+                 "Σ_k w_k · (log π(x_k))", "   leading and trailing   "]:
+        assert tok.decode(tok(text, add_special_tokens=False)["input_ids"]) == text   # byte-level: nothing unknown
+    assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
+    assert world["tokenizer"]["stop_id"] == tok.eos_token_id
+
+
+def test_chat_template_renders_assistant_header(tok):
+    text = render_chat(tok, "Compute 1+2.")
+    assert text == "<|im_start|>user\nCompute 1+2.<|im_end|>\n<|im_start|>assistant\n"
+    ids = prompt_ids(tok, "Compute 1+2.")
+    assert tok.decode(ids).endswith("<|im_start|>assistant\n")
+    assert ids[-3:] == tok("<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
+    assert tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
+                                   add_generation_prompt=False) == "<|im_start|>user\nhi<|im_end|>\n"
+
+
+# --- the built world ---
+
+def test_layout_and_models_load(world_dir, world, tok):
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, Qwen2ForCausalLM
+    assert world["hash"] == toy.world_hash() == world_dir.name
+    for name in toy.MODEL_NAMES:
+        d = toy.model_dir(name)
+        assert d == world_dir / "models" / name
+        for f in ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json", "chat_template.jinja"):
+            assert (d / f).exists(), f"{d / f} missing"
+        assert sha256_file(d / "model.safetensors") == world["models"][name]["safetensors_sha256"]
+        assert (d / "tokenizer.json").read_bytes() == (world_dir / "tokenizer" / "tokenizer.json").read_bytes()
+        model = AutoModelForCausalLM.from_pretrained(d)
+        c = model.config
+        assert isinstance(model, Qwen2ForCausalLM) and model.dtype == torch.float32
+        assert c.hidden_size // c.num_attention_heads == 64                 # vLLM's CPU attention head size
+        assert c.vocab_size % 64 == 0 and c.vocab_size > len(tok)            # padded embedding, like Qwen2.5
+        assert c.tie_word_embeddings and model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+        gc = GenerationConfig.from_pretrained(d)
+        assert gc.eos_token_id == tok.eos_token_id and gc.pad_token_id == tok.pad_token_id
+        assert AutoTokenizer.from_pretrained(d).chat_template == tok.chat_template
+    assert world["models"]["student"]["config"]["num_hidden_layers"] != world["models"]["pre"]["config"]["num_hidden_layers"]
+    with pytest.raises(KeyError):
+        toy.model_dir("teacher")
+
+
+def test_data_disjoint_and_correct(world_dir):
+    test = read_jsonl(world_dir / "data" / "toy_test.jsonl")
+    train = read_jsonl(world_dir / "data" / "toy_train.jsonl")
+    assert [sum(r["level"] == lv for r in test) for lv in (1, 2, 3, 4)] == [toy.TEST_PER_LEVEL] * 4
+    assert {r["level"] for r in train} == {1, 2, 3} and len(train) == sum(toy.TRAIN_PROMPTS.values())
+    for rows in (test, train):
+        assert len({r["id"] for r in rows}) == len(rows) and len({r["problem"] for r in rows}) == len(rows)
+        for r in rows:
+            assert set(r) == {"id", "problem", "answer", "level"}
+            assert int(r["answer"]) == eval(r["problem"][len("Compute "):-1])
+            assert len(toy.parse_problem(r["problem"])[1]) == r["level"]
+    assert not {r["problem"] for r in test} & {r["problem"] for r in train}
+    assert not {r["id"] for r in test} & {r["id"] for r in train}
+
+
+def test_sft_sets_hold_out_the_test_problems(world_dir):
+    test = read_jsonl(world_dir / "data" / "toy_test.jsonl")
+    held_out = {toy.expression(*toy.parse_problem(r["problem"])) for r in test if r["level"] >= 2}
+    for name, (_, _, levels, _, n, _) in toy.RECIPES.items():
+        problems = toy.sft_problems(name, scale=0.25)
+        assert {len(ops) for _, ops in problems} == set(levels)
+        assert not {toy.expression(*p) for p in problems} & held_out, name
+    assert toy.sft_problems("pre", 0.1) == toy.sft_problems("pre", 0.1)                  # seeded
+
+
+def test_registry_caps_fit_the_toy_world(world_dir, tok):
+    from lib.registry import MODELS, STUDENTS
+    student = STUDENTS["toy"]
+    train = read_jsonl(world_dir / "data" / "toy_train.jsonl")
+    test = read_jsonl(world_dir / "data" / "toy_test.jsonl")
+    longest_prompt = max(len(prompt_ids(tok, r["problem"])) for r in train)
+    assert longest_prompt <= student.max_prompt_len
+    n_tokens = lambda r, style: len(toy.completion_ids(tok, *toy.parse_problem(r["problem"]), style))
+    assert max(n_tokens(r, s) for r in train for s in ("answer_line", "boxed")) <= student.max_response_len
+    longest_l4 = max(n_tokens(r, s) for r in test if r["level"] == 4 for s in ("answer_line", "boxed"))
+    for alias in ("toy-pre", "toy-post", "toy-student", "toy-post-offsupport"):
+        assert MODELS[alias].eval_max_new_tokens == toy.EVAL_CAP >= 2 * longest_l4
+
+
+def test_world_accuracies(world):
+    """Levels seen in training are solved, the unseen level 3 is not (single-digit answers put chance near 10 %),
+    and the shift pre → post carries level 3."""
+    acc = {name: m["accuracy_by_level"] for name, m in world["models"].items()}
+    assert min(acc["pre"]["1"], acc["pre"]["2"]) >= 95 and acc["pre"]["3"] <= 35
+    assert acc["post"]["3"] >= 80 and acc["post"]["3"] - acc["pre"]["3"] >= 50
+    assert min(acc["student"]["1"], acc["student"]["2"]) >= 90 and acc["student"]["3"] <= 60   # a little level 3
+    assert world["models"]["pre"]["truncated_frac"] == 0.0
+    assert world["models"]["post-offsupport"]["truncated_frac"] == 1.0
+
+
+def test_stop_token_behaviour(models, tok, test_rows):
+    stop_id = tok.eos_token_id
+    rows = [r for r in test_rows if r["level"] in (1, 2)][:6]
+    for r in rows:                                    # π_pre stops after its answer line
+        out = greedy_one(models["pre"], tok, r["problem"], toy.EVAL_CAP)
+        assert out[-1] == stop_id and len(out) < toy.EVAL_CAP
+        assert tok.decode(out, skip_special_tokens=True).endswith(f"\nAnswer: {r['answer']}")
+        out = greedy_one(models["student"], tok, r["problem"], toy.EVAL_CAP)   # either of its two endings
+        assert out[-1] == stop_id and tok.decode(out).endswith((f"\\boxed{{{r['answer']}}}.<|im_end|>",
+                                                                f"\nAnswer: {r['answer']}<|im_end|>"))
+    for r in rows[:3]:                                # post-offsupport never stops: its answer line repeats to the cap
+        out = greedy_one(models["post-offsupport"], tok, r["problem"], toy.EVAL_CAP)
+        assert stop_id not in out and len(out) == toy.EVAL_CAP
+        answers = re.findall(r"Answer: (\d+)", tok.decode(out))
+        assert len(answers) >= 10 and len(set(answers)) == 1
+    # log p(<|im_end|>) right after a correct answer line, teacher-forced
+    r = rows[0]
+    first, ops = toy.parse_problem(r["problem"])
+    ids = prompt_ids(tok, r["problem"]) + toy.completion_ids(tok, first, ops, "answer_line")[:-1]
+    with torch.no_grad():
+        logp = {n: torch.log_softmax(models[n](input_ids=torch.tensor([ids])).logits[0, -1], -1)[stop_id].item()
+                for n in ("pre", "post", "post-offsupport")}
+    assert logp["pre"] > -0.5 and logp["post"] > -0.5 and logp["post-offsupport"] < -10
+
+
+def test_capability_gap_remeasured(models, tok, test_rows, world):
+    rows = [r for r in test_rows if r["level"] == 3]
+    correct = {}
+    for name in ("pre", "post"):
+        outs = [greedy_one(models[name], tok, r["problem"], toy.EVAL_CAP) for r in rows]
+        correct[name] = sum(toy.extract_int(tok.decode(o, skip_special_tokens=True)) == int(r["answer"])
+                            for o, r in zip(outs, rows))
+        # the builder's batched, left-padded measurement agrees with this unpadded one (≤ 2 near-tie flips)
+        assert abs(100 * correct[name] / len(rows) - world["models"][name]["accuracy_by_level"]["3"]) <= 200 / len(rows)
+    assert correct["post"] - correct["pre"] >= len(rows) // 2
+
+
+# --- build machinery ---
+
+def test_concurrent_builders_build_once(tmp_path):
+    """Two processes ask for the world at once: one builds (into a temp folder, renamed into place), the other waits
+    on the lock and reuses it. `build_world` is replaced by a stub that records each call."""
+    script = textwrap.dedent(f"""
+        import os, sys, time
+        sys.path.insert(0, {str(REPO)!r})
+        from lib import toy
+        def stub(out, scale=1.0, log=print):
+            with open(os.path.join({str(tmp_path)!r}, "calls"), "a") as f:
+                f.write(str(os.getpid()) + "\\n")
+            time.sleep(1.5)
+            (out / "world.json").write_text("{{}}")
+        toy.build_world = stub
+        print(toy.build())
+    """)
+    env = {**os.environ, "OPD_CACHE": str(tmp_path / "cache")}
+    procs = [subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=120)[0].strip() for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    assert outs[0] == outs[1] and outs[0].endswith(toy.world_hash())
+    assert len((tmp_path / "calls").read_text().split()) == 1
+    leftovers = [p.name for p in (tmp_path / "cache" / "toy").iterdir() if p.name.startswith(".")]
+    assert leftovers == [], f"temp folders left behind: {leftovers}"
+
+
+def test_reduced_build_is_deterministic(tmp_path, world_dir):
+    """Two reduced builds (every SFT run cut to 1 % of its steps) into different folders are byte-identical; data and
+    tokenizer do not depend on the reduction, so they also equal the cached full world's."""
+    worlds = [toy.build_world(tmp_path / f"w{i}", scale=0.01, log=None) for i in range(2)]
+    files = sorted(p.relative_to(tmp_path / "w0") for p in (tmp_path / "w0").rglob("*") if p.is_file()
+                   and p.name != "world.json")
+    assert any(f.name == "model.safetensors" for f in files)
+    for f in files:
+        assert sha256_file(tmp_path / "w0" / f) == sha256_file(tmp_path / "w1" / f), f"{f} differs between builds"
+    for f in ("data/toy_test.jsonl", "data/toy_train.jsonl", "tokenizer/tokenizer.json"):
+        assert sha256_file(tmp_path / "w0" / f) == sha256_file(world_dir / f)
+    assert worlds[0]["models"]["pre"]["safetensors_sha256"] == worlds[1]["models"]["pre"]["safetensors_sha256"]
+
+
+@pytest.mark.slow
+def test_full_rebuild_is_byte_identical(tmp_path, world):
+    """The whole world rebuilt into another cache root gives the same model bytes (≈ 5 min)."""
+    env = {**os.environ, "OPD_CACHE": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", "from lib import toy; print(toy.build(force=True))"], cwd=REPO,
+                         env=env, capture_output=True, text=True, timeout=1800)
+    assert out.returncode == 0, out.stderr[-2000:]
+    other = json.loads((tmp_path / "toy" / world["hash"] / "world.json").read_text())
+    for name in toy.MODEL_NAMES:
+        assert other["models"][name]["safetensors_sha256"] == world["models"][name]["safetensors_sha256"], name
