@@ -86,8 +86,10 @@ def load_roles(pair, student_name, run_dir) -> dict:
     for role, alias in aliases.items():
         res = registry.resolve_model(alias, run_dir)
         cfg = json.loads((res.path / "config.json").read_text())
-        kw = {"enable_thinking": True} if registry.model_spec(alias).thinking else {}
-        roles[role] = dict(alias=alias, resolved=res, tok=AutoTokenizer.from_pretrained(res.path), config=cfg, kw=kw)
+        spec = registry.model_spec(alias, run_dir)
+        kw = {"enable_thinking": True} if spec.thinking else {}
+        roles[role] = dict(alias=alias, resolved=res, tok=AutoTokenizer.from_pretrained(res.path), config=cfg, kw=kw,
+                           spec=spec)
     return roles
 
 
@@ -147,7 +149,7 @@ def gate_prompt_length(roles, train_rows, train_src, args) -> dict:
 def gate_context(roles, pair, args) -> dict:
     rows_out, lengths = [], {}
     for role, m in roles.items():
-        mpe, cap = max_positions(m), registry.model_spec(m["alias"]).eval_max_new_tokens
+        mpe, cap = max_positions(m), m["spec"].eval_max_new_tokens
         for bench, proto in pair.evals:
             if (role, bench) not in lengths:
                 lengths[role, bench] = prompt_lengths(m, registry.load_benchmark(bench)[0])
@@ -180,7 +182,7 @@ def gate_template(roles, train_rows) -> dict:
         gen_eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
         r = gates.template_report(tok, render_chat(tok, dapo_prompt(example), **m["kw"]),
                                   header=assistant_header(tok, **m["kw"]), stop=stop_ids(tok, path), gen_eos=gen_eos,
-                                  template_note=registry.model_spec(m["alias"]).template_note, kw=m["kw"])
+                                  template_note=m["spec"].template_note, kw=m["kw"])
         per[role] = {"model": m["alias"], **r}
         reasons += [f"{role} ({m['alias']}): {x}" for x in r["reasons"]]
         warnings += [f"{role} ({m['alias']}): {x}" for x in r["warnings"]]

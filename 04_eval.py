@@ -79,7 +79,7 @@ def plan_unit(run_dir, model_name, benchmark, protocol, *, alias=None, limit_pro
     ckpt_file = model.path / "checkpoint.json"
     ckpt = read_json(ckpt_file) if ckpt_file.exists() else {}
     # a checkpoint is evaluated under its initial student's registry entry (cap, template kwargs)
-    spec = registry.model_spec(ckpt.get("student_init") or model_name)
+    spec = registry.model_spec(ckpt.get("student_init") or model_name, run_dir)
     if alias is None:
         alias = f"{ckpt['run']}-step{ckpt['step']}" if ckpt else model.alias
     model.extra.update({k: ckpt.get(k) for k in ("run", "step", "student_init")})

@@ -271,7 +271,7 @@ for name, obj in {
     atomic_write_json(out_dir / name, obj)
 write_manifest(out_dir, stage="05_stats", script=__file__, args=vars(args),
                inputs={k: {"path": k, "sha256": v} for k, v in sorted(inputs.items())},
-               outputs=[out_dir / n for n in ("teacher_gains.json", "student_gains.json", "transfer.json",
-                                              "cap_sensitivity.json", "diagnostics.json", "training.json", "raft.json")],
+               outputs=["teacher_gains.json", "student_gains.json", "transfer.json",   # relative to out_dir
+                        "cap_sensitivity.json", "diagnostics.json", "training.json", "raft.json"],
                started=started, wall_s=time.monotonic() - t0, extra={"pair": pair_name})
 print(f"05_stats: wrote {out_dir}")

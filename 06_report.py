@@ -19,9 +19,12 @@ SPEC §6: a gain counts only when its 95 % CI excludes 0.
 
 RAFT section: reads stats/raft.json, i.e. raft/stats.json as 07_raft writes it, with these keys (all optional):
     base (π_pre alias), k, n_prompts, kept, keep_rate_pct, keep_rate_by_level_pct {level: pct},
-    n_correct_of_k {"0".."k": count}, rejection_reasons {reason: count}, gate_g1 {pass, threshold, kept},
+    n_correct_of_k {"0".."k": count}, rejection_reasons {reason: count of samples}, gate_g1 {pass, threshold, kept},
     sft {val_loss: [[step, loss]], train_loss: [[step, loss]]}, shift_abs_dlogp_per_token,
-    eos_probe {pi_pre, raft} (mean log p of the stop token at true completion ends)
+    eos_probe {pi_pre, raft} (mean log p of the stop token at true completion ends),
+    anatomy {pair, student, status, n_tokens, token_mean_delta, student_weighted_mean, pos_frac_pct, abs_mean_delta,
+    stop_mean_delta, logp_stop_at_answer_end {pi_pre, pi_post}, auroc_length_controlled, auroc_ci95}
+    (01_gates' shift anatomy of the RAFT pair)
 plus gate G2 computed by 05_stats (alias `raft` vs its base on the shared eval units).
 
     python 06_report.py --run-dir runs/toy
@@ -327,16 +330,32 @@ else:
     table(["prompts", "k", "kept", "keep rate %", "gate G1", "|Δ log p| per token", "EOS probe π_pre", "EOS probe RAFT"],
           [[num(rs.get("n_prompts")), num(rs.get("k")), num(rs.get("kept")), pct(rs.get("keep_rate_pct")),
             ("PASS" if g1.get("pass") else "FAIL") + (f" (≥ {g1['threshold']})" if "threshold" in g1 else "") if g1 else "—",
-            num(rs.get("shift_abs_dlogp_per_token"), 4), num((rs.get("eos_probe") or {}).get("pi_pre"), 4),
-            num((rs.get("eos_probe") or {}).get("raft"), 4)]], "`stats/raft.json`")
+            num(rs.get("shift_abs_dlogp_per_token"), 4), num((rs.get("eos_probe") or {}).get("pi_pre"), 6),
+            num((rs.get("eos_probe") or {}).get("raft"), 6)]], "`stats/raft.json`")
     if rs.get("keep_rate_by_level_pct"):
         table(["level", "keep rate %"], [[k, pct(v)] for k, v in sorted(rs["keep_rate_by_level_pct"].items())],
               "`stats/raft.json`")
     if rs.get("n_correct_of_k"):
         table(["n correct of k", "prompts"], [[k, v] for k, v in sorted(rs["n_correct_of_k"].items())], "`stats/raft.json`")
     if rs.get("rejection_reasons"):
-        table(["rejection reason", "prompts"], [[k, v] for k, v in sorted(rs["rejection_reasons"].items())],
+        table(["rejection reason", "samples"], [[k, v] for k, v in sorted(rs["rejection_reasons"].items())],
               "`stats/raft.json`")
+    if (rs.get("sft") or {}).get("val_loss"):
+        table(["SFT step", "val loss"], [[s, num(v, 5)] for s, v in rs["sft"]["val_loss"]], "`stats/raft.json`")
+    an = rs.get("anatomy")
+    if an:
+        lp, auc = an.get("logp_stop_at_answer_end") or {}, an.get("auroc_ci95")
+        L += [f"Shift anatomy of the RAFT pair `{an['pair']}` on its student `{an['student']}` (01_gates' anatomy, "
+              f"Δ = log p_RAFT − log p_π_pre on the student's own samples): gate **{an['status']}**.", ""]
+        table(["measure", an["pair"]],
+              [["tokens", num(an.get("n_tokens"))], ["token-mean Δ", num(an.get("token_mean_delta"), 4)],
+               ["student-weighted mean Δ", num(an.get("student_weighted_mean"), 4)],
+               ["% tokens with Δ > 0", pct(an.get("pos_frac_pct"))],
+               ["mean abs Δ (shift magnitude)", num(an.get("abs_mean_delta"), 4)],
+               ["Δ at the terminal stop token", num(an.get("stop_mean_delta"), 4)],
+               ["log p(stop) at answer ends, π_pre / RAFT", f"{num(lp.get('pi_pre'), 4)} / {num(lp.get('pi_post'), 4)}"],
+               ["AUROC of sequence-mean Δ, length-controlled",
+                num(an.get("auroc_length_controlled")) + (f" {ci(auc)}" if auc else "")]], "`stats/raft.json`")
     g2 = RAFT["gate_g2"]
     L += [f"Gate G2 (RAFT − `{RAFT['base']}` on {g2['benchmark']}/{g2['protocol']}, CI must exclude 0): "
           f"**{'PASS' if g2['pass'] else 'FAIL'}**.", ""]

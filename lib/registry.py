@@ -8,10 +8,10 @@ model is taken as a local folder.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from lib.artifacts import REPO, sha256_tree
+from lib.artifacts import REPO, read_json, sha256_tree
 
 EVAL_MAX_NEW_TOKENS = 31_744          # SPEC §4: evaluation cap unless a model's context forbids it
 TRAIN_PROMPT_CAP, TRAIN_RESPONSE_CAP = 768, 3_328
@@ -74,7 +74,7 @@ STUDENTS = {
                                teacher="justrl-deepseek-1.5b"),
     "shape-1.5b": Student("shape-1.5b-student", teacher="shape-1.5b-post"),
     "shape-7b": Student("shape-7b-student", teacher="shape-1.5b-post"),
-    "toy": Student("toy-student", max_prompt_len=160, max_response_len=48, teacher="toy-post"),
+    "toy": Student("toy-student", max_prompt_len=96, max_response_len=48, teacher="toy-post"),
 }
 
 
@@ -230,6 +230,16 @@ def _resolve_hub(alias: str, hub_id: str, revision: str | None) -> Resolved:
     return Resolved(alias, path, hub_id, revision, resolved_revision=path.name)
 
 
-def model_spec(name: str) -> Model:
-    """The registry entry of an alias, or a bare entry for a local folder."""
-    return MODELS.get(name) or Model(Path(name).name)
+BASE_FILE = "raft.json"   # 07_raft.py writes it into the RAFT teacher's folder: {"base": π_pre's alias, ...}
+
+
+def model_spec(name: str, run_dir: str | Path | None = None) -> Model:
+    """The registry entry of an alias, or a bare entry for a local folder. A model made by the campaign (`run_path`)
+    whose folder names its base in raft.json is evaluated under the base's settings (token cap, thinking mode): the
+    toy RAFT teacher gets toy π_pre's 96-token cap, the real one Qwen2.5-1.5B-Instruct's."""
+    m = MODELS.get(name) or Model(Path(name).name)
+    if m.run_path and run_dir is not None and (f := Path(run_dir) / m.run_path / BASE_FILE).exists():
+        base = MODELS.get(read_json(f).get("base"))
+        if base is not None:
+            return replace(m, eval_max_new_tokens=base.eval_max_new_tokens, thinking=base.thinking)
+    return m
