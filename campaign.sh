@@ -16,19 +16,31 @@ BACKEND=${BACKEND:-hf}
 export PYTHONUNBUFFERED=1
 
 if [ "$PAIR" = toy ]; then
-  # The toy models are tiny and start far from the teacher: a larger learning rate and fewer, smaller steps.
-  # Everything else is SPEC §7's default.
-  TRAIN_FLAGS="--steps 24 --batch-prompts 32 --lr 1e-4 --save-every 8 --micro-batch 32"
+  # The toy models are tiny and start far from the teacher: a larger learning rate, and fewer, smaller steps (one
+  # pass over the 1,440 toy training prompts). Everything else is SPEC §7's default.
+  TRAIN_FLAGS="--steps 45 --batch-prompts 32 --lr 2e-4 --save-every 15 --micro-batch 32"
   CKPT_EVALS="toy:sample4"
-  RAFT_FLAGS=""
+  # RAFT of toy π_pre (SPEC §9 at toy scale): gate G1 at 500 kept samples (~840 of the 1,440 prompts keep one), a
+  # toy learning rate.
+  RAFT_PAIR=toy-raft
+  RAFT_FLAGS="--sample-batch 256 --g1-min 500 --lr 1e-4 --micro-batch 16"
 else
   TRAIN_FLAGS=""
   CKPT_EVALS="aime24:curve8 aime25:curve8 math500:sample4"
+  RAFT_PAIR=""           # the real RAFT teacher is its own campaign: PAIR=raft (07_raft.py runs first, see README)
   RAFT_FLAGS=""
 fi
 
 echo "== 0. the toy world (cached by a hash of its code) =="
 if [ "$PAIR" = toy ]; then python -c "from lib import toy; print(toy.build())"; fi
+
+if [ "$PAIR" = raft ]; then   # the pair's π_post IS the RAFT teacher: make it before anything reads it
+  echo "== 7. RAFT teacher (π_post of this pair) =="
+  python 07_raft.py --run-dir "$RUN" --pair raft --backend "$BACKEND" --nproc "$NPROC"
+fi
+
+echo "== 1. gates: tokenizers, prompt lengths, context, templates, shift anatomy (exits non-zero on a FAIL) =="
+python 01_gates.py --run-dir "$RUN" --pair "$PAIR" --backend "$BACKEND"
 
 echo "== 2. baselines: π_pre, π_post and the initial student on every benchmark and protocol =="
 python 02_baselines.py --run-dir "$RUN" --pair "$PAIR" --backend "$BACKEND"
@@ -50,6 +62,12 @@ for REWARD in opd delta-sampled delta-topk; do
     done
   done
 done
+
+if [ -n "$RAFT_PAIR" ]; then
+  echo "== 7. RAFT teacher: π_pre's own verified samples, SFT, probes; then its eval units (gate G2 in 05) =="
+  python 07_raft.py --run-dir "$RUN" --pair "$RAFT_PAIR" --backend "$BACKEND" $RAFT_FLAGS
+  python 02_baselines.py --run-dir "$RUN" --pair "$RAFT_PAIR" --models pi_post --backend "$BACKEND"
+fi
 
 echo "== 5. statistics =="
 python 05_stats.py --run-dir "$RUN" --pair "$PAIR"
