@@ -19,8 +19,8 @@ instead of ~260 characters. ChatML template without a system prompt; `<|im_end|>
 `<|endoftext|>` pads. The embedding is padded to a multiple of 64 (config.vocab_size > len(tokenizer), as in Qwen2.5).
 
 Models: tiny `Qwen2ForCausalLM`, fp32, tied embeddings, head_dim 64 (a head size vLLM's CPU attention supports).
-    pre              2 layers × 128, from scratch on levels 1-2: ~100 % there, low on unseen level 3 (near the
-                     ~10 % chance floor of single-digit answers)
+    pre              2 layers × 128, from scratch on levels 1-2: ~100 % there, ~20 % on unseen level 3 (a
+                     single-digit answer is right by chance ~10 % of the time)
     post             pre fine-tuned on levels 1-3: the capability the shift pre → post carries
     student          3 layers × 128 (a different size), from scratch on levels 1-2 plus a little level 3 (weight
                      0.3 of a level's, ~13 % of its problems): ~100 % on levels 1-2, ~40 % on level 3 — enough
