@@ -33,7 +33,7 @@ import torch
 
 from lib import dist as D
 from lib import opd, registry
-from lib.artifacts import atomic_write_json, atomic_write_text, read_json, read_jsonl, wall_clock, write_manifest
+from lib.artifacts import atomic_write_json, atomic_write_text, read_jsonl, wall_clock, write_manifest
 from lib.data import prompt_ids, stable_seed
 from lib.scoring import TokenScorer, pack, score_ids
 

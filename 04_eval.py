@@ -22,14 +22,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from lib import registry
 from lib.artifacts import (ArtifactError, atomic_write_json, atomic_write_jsonl, code_hashes, read_json,
-                           read_manifest, sha256_bytes, sha256_file, verify_dir, wall_clock, write_manifest)
+                           sha256_bytes, sha256_file, verify_dir, wall_clock, write_manifest)
 from lib.data import assistant_header, evenly_spaced, prompt_ids, render_chat, dapo_prompt, stable_seed
 from lib.campaign import check_unit
 from lib.units import SAMPLES, SCORES, config_sha256, summarize, unit_dir

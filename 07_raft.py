@@ -138,7 +138,7 @@ def stage_sample(args, out, base, pre, tok, rows):
         return
     atomic_write_json(out / "samples" / "config.json", config)
     from lib.grading import grade_many
-    from lib.sampling import load_engine, sample, stop_ids
+    from lib.sampling import load_engine, sample
     kw = chat_kwargs(base)
     prompts = [prompt_ids(tok, r["problem"], **kw) for r in rows]
     engine = None

@@ -286,7 +286,7 @@ def sft_problems(name: str, scale: float = 1.0) -> list[tuple[int, list]]:
 def train_model(name: str, tok, out: Path, scale: float, init_model=None, log=print) -> tuple[object, dict]:
     """SFT of one model of RECIPES (from scratch, or from `init_model`), saved to out/models/<name>; greedy eval."""
     from lib.sft import completion_labels, train_sft
-    t0, cpu0, (init, arch, levels, style, n, lr) = time.monotonic(), time.process_time(), RECIPES[name]
+    t0, cpu0, (init, arch, levels, style, _, lr) = time.monotonic(), time.process_time(), RECIPES[name]
     srng = random.Random(f"{SEED}/{name}/style")          # `mixed`: each problem's ending drawn 50/50
     styles = lambda: srng.choice(("answer_line", "boxed")) if style == "mixed" else style
     examples = [completion_labels(prompt_ids(tok, problem_text(*p)), completion_ids(tok, *p, styles()))

@@ -1,27 +1,18 @@
 """04_eval.py end to end on the toy world: a unit's contents, --skip-if-exists, refusal of a different config,
 detection of a corrupted generations file, resume from a partial file, and the context gate."""
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from helpers import run_script
 from lib import toy
 from lib.artifacts import read_json, read_jsonl, verify_dir
 
-REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.e2e
 
 
 def run(*args, check=True):
-    env = os.environ | {"PYTHONUNBUFFERED": "1"}
-    p = subprocess.run([sys.executable, str(REPO / "04_eval.py"), *map(str, args)], cwd=REPO, env=env,
-                       capture_output=True, text=True, timeout=600)
-    if check and p.returncode != 0:
-        raise AssertionError(f"04_eval failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
-    return p
+    return run_script("04_eval.py", *args, check=check, timeout=600)
 
 
 @pytest.fixture(scope="module")

@@ -3,16 +3,13 @@ the real Qwen2.5 tokenizer and its DeepSeek-style variant (lib/qwen_tokenizer.py
 with known differences, brute-force AUROCs, and hand-checked anatomy numbers; the stage end to end on the toy world."""
 import json
 import math
-import os
-import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
 
+from helpers import run_script
 from lib import anatomy, gates, qwen_tokenizer
-from lib.artifacts import REPO
 
 
 @pytest.fixture(scope="module")
@@ -284,10 +281,9 @@ def test_anatomy_gate_fails_an_off_support_pair_with_the_numbers():
 # --- the stage end to end on the toy world ---
 
 def run_gates(*argv, timeout=600):
-    env = dict(os.environ, OMP_NUM_THREADS="2", TOKENIZERS_PARALLELISM="false")
     t0 = time.monotonic()
-    p = subprocess.run([sys.executable, str(REPO / "01_gates.py"), *argv], cwd=REPO, env=env, capture_output=True,
-                       text=True, timeout=timeout)
+    p = run_script("01_gates.py", *argv, check=False, timeout=timeout,
+                   env={"OMP_NUM_THREADS": "2", "TOKENIZERS_PARALLELISM": "false"})
     print(f"01_gates {' '.join(argv)}: rc {p.returncode} in {time.monotonic() - t0:.1f} s\n{p.stdout}")
     return p
 

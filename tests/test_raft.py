@@ -3,23 +3,18 @@ template), which sample is kept and why the others are not, round-robin chunks t
 stage-1 statistics, and end to end on the toy world: a resumed sampling run equals an uninterrupted one, the RAFT
 checkpoint reloads with from_pretrained, its non-weight files hash-equal π_pre's and a tied lm_head is not written,
 and the EOS probe / shift sanity equal an independent plain-HF computation."""
-import json
-import os
 import random
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from helpers import run_script
 from lib import raft, registry, toy
 from lib.artifacts import read_json, read_jsonl, sha256_file, verify_dir
 from lib.data import assistant_header, prompt_ids
 from lib.sft import IGNORE, collate, completion_labels
 
-REPO = Path(__file__).resolve().parent.parent
 
 
 # --- the loss mask ---
@@ -198,12 +193,7 @@ SMALL = ["--pair=toy", "--limit-prompts=24", "--k=2", "--g1-min=5", "--batch-pro
 
 
 def run07(*args):
-    env = os.environ | {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    p = subprocess.run([sys.executable, str(REPO / "07_raft.py"), *map(str, args)], cwd=REPO, env=env,
-                       capture_output=True, text=True, timeout=900)
-    if p.returncode != 0:
-        raise AssertionError(f"07_raft failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-4000:]}")
-    return p
+    return run_script("07_raft.py", *args)
 
 
 @pytest.fixture(scope="module")

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from helpers import run_script
 from lib.artifacts import atomic_write_json, atomic_write_jsonl, now_iso, read_json, sha256_file, write_manifest
 
 pytestmark = pytest.mark.e2e
@@ -124,11 +123,7 @@ def make_campaign(run_dir: Path) -> Path:
 
 
 def run_stage(script, run_dir, *extra, ok=True):
-    p = subprocess.run([sys.executable, str(REPO / script), "--run-dir", str(run_dir), *extra], cwd=REPO,
-                       capture_output=True, text=True, timeout=300)
-    if ok:
-        assert p.returncode == 0, p.stdout + p.stderr
-    return p
+    return run_script(script, "--run-dir", run_dir, *extra, check=ok, timeout=300)
 
 
 @pytest.fixture(scope="module")

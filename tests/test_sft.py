@@ -11,13 +11,7 @@ from lib.data import prompt_ids
 from lib.sft import IGNORE, batch_plan, collate, completion_labels, completion_loss, lr_factor, train_sft
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models: one torch thread is as fast, and immune to the slowdown of two threads on two busy cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

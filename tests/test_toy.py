@@ -19,13 +19,7 @@ from lib.artifacts import REPO, read_jsonl, sha256_file
 from lib.data import prompt_ids, render_chat
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models: one torch thread is as fast, and immune to the slowdown of two threads on two busy cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
 
 
 @pytest.fixture(scope="session")

@@ -1,31 +1,21 @@
 """03_opd_train.py end to end on the toy world: 2-process gloo FSDP2 = 1 process; killed + resumed = uninterrupted;
 checkpoints are loadable HF folders whose side files equal the initial student's; overlong prompts are named."""
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-import torch
 from safetensors.torch import load_file
 
+from helpers import run_script
 from lib import toy
 from lib.artifacts import read_json, read_jsonl, sha256_file, verify_dir
 
-REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.e2e
 SMALL = ["--pair=toy", "--batch-prompts=8", "--rollouts=2", "--lr=1e-4", "--micro-batch=4", "--topk=4"]
 NUMERIC_SKIP = ("timing_s/", "perf/", "memory/")
 
 
 def train(*args, check=True, launcher=()):
-    env = os.environ | {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    p = subprocess.run([*(launcher or [sys.executable]), str(REPO / "03_opd_train.py"), *map(str, args)], cwd=REPO,
-                       env=env, capture_output=True, text=True, timeout=900)
-    if check and p.returncode != 0:
-        raise AssertionError(f"03_opd_train failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-4000:]}")
-    return p
+    return run_script("03_opd_train.py", *args, check=check, launcher=launcher)
 
 
 @pytest.fixture(scope="module")
