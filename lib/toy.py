@@ -23,13 +23,16 @@ Models: tiny `Qwen2ForCausalLM`, fp32, tied embeddings, head_dim 64 (a head size
                      single-digit answer is right by chance ~10 % of the time)
     post             pre fine-tuned on levels 1-3: the capability the shift pre → post carries
     student          3 layers × 128 (a different size), from scratch on levels 1-2 plus a little level 3 (weight
-                     0.3 of a level's, ~13 % of its problems): ~100 % on levels 1-2, ~40 % on level 3 — enough
-                     correct three-step samples for a teacher to reinforce. Half its solutions end in its own
-                     `\boxed{}` style, half with the answer line: OPD can only reinforce what the student samples,
-                     and a student that only ever writes `\boxed{}` gives the Answer-line teacher nothing to prefer
-                     (measured: OPD pushed `The answer is` down until sampling degenerated at lr 1e-4, and did
-                     nothing at 2e-5). A student that never saw level 3 stayed near 10-25 % under OPD: the
-                     operand-copying of a third step is not found by 45 steps of sampled-token feedback.
+                     0.3 of a level's, ~13 % of its problems), and careless: a quarter of the clauses of its SFT
+                     solutions are off by one (SLIP), the chain going on from the wrong value. Greedy it is mostly
+                     right (98/96/18 % on levels 1-3); sampled at T 0.7 it slips (sample4: 78.5/59/17/9 % on levels
+                     1-4). That is the gap classic OPD closes: the teachers put ~0 on a slipped digit, the student's
+                     own samples hold many, and each fix is a fact shared by every level. A careful student
+                     (100/98/40 %) gained only on level 3 under OPD (+9 pp) and lost its memorised level 1 to
+                     operand-copying drift (-21 pp), so its overall gain never cleared 0. Half its solutions end in
+                     its own `\boxed{}` style, half with the answer line: OPD can only reinforce what the student
+                     samples, and a student that only ever writes `\boxed{}` gives the Answer-line teacher nothing to
+                     prefer (measured: OPD pushed `The answer is` down until sampling degenerated at lr 1e-4).
     post-offsupport  pre fine-tuned on levels 1-3 with responses that never stop: the answer line repeats to the
                      eval cap and `<|im_end|>` is never a target (the source report's termination sink, as a
                      teacher), so log p(<|im_end|>) at an answer end is very negative: the gates' negative control.
@@ -82,6 +85,8 @@ RECIPES = {
 MODEL_NAMES = tuple(RECIPES)
 # Level weights of an SFT's problem draw (default 1 each): the student's level 3 is rare (see the docstring).
 LEVEL_WEIGHTS = {"student": {1: 1.0, 2: 1.0, 3: 0.3}}
+# The probability that a clause of a model's SFT solutions is off by one (default 0): the student is careless.
+SLIP = {"student": 0.25}
 # Small batches, many steps: at equal tokens, batch 16 × 800 steps solved levels 1-2 where batch 32 × 400 reached
 # ~55 % on level 2 (the operand-copying attention forms late). A GQA (1 kv head) student plateaued in one build of two.
 SFT = dict(epochs=1, batch_size=16, warmup_frac=0.05, schedule="cosine", weight_decay=0.0, log_every=100)
@@ -110,19 +115,25 @@ def problem_text(first: int, ops) -> str:
     return f"Compute {expression(first, ops)}."
 
 
-def solve(first: int, ops) -> tuple[list[str], int]:
-    """The clauses `a+b=c.` of the chain and the final value."""
+def solve(first: int, ops, slip: float = 0.0, rng: random.Random | None = None) -> tuple[list[str], int]:
+    """The clauses `a+b=c.` of the chain and the final value. With `slip` > 0 each clause's result is off by one
+    with that probability (drawn from `rng`; the direction at random, within 0-9) and the chain goes on from the
+    slipped value, as a careless solver's would: the final value is then wrong (and may leave 0-9)."""
     clauses, value = [], first
     for op, b in ops:
-        clauses.append(f"{value}{op}{b}={value + b if op == '+' else value - b}.")
-        value = value + b if op == "+" else value - b
+        result = value + b if op == "+" else value - b
+        near = [r for r in (result - 1, result + 1) if 0 <= r <= MAX_VALUE]
+        if slip and rng.random() < slip and near:
+            result = rng.choice(near)
+        clauses.append(f"{value}{op}{b}={result}.")
+        value = result
     return clauses, value
 
 
-def solution_text(first: int, ops, style: str) -> str:
+def solution_text(first: int, ops, style: str, slip: float = 0.0, rng: random.Random | None = None) -> str:
     """The response without its stop token. `loop` is the answer-line solution followed by the answer line again
-    and again (cut to the cap after tokenization)."""
-    clauses, value = solve(first, ops)
+    and again (cut to the cap after tokenization). `slip`, `rng`: see `solve`."""
+    clauses, value = solve(first, ops, slip, rng)
     steps = " ".join(clauses)
     if style == "answer_line":
         return f"{steps}\nAnswer: {value}"
@@ -183,9 +194,9 @@ def build_tokenizer(corpus: list[str]):
                                    model_max_length=512, clean_up_tokenization_spaces=False)
 
 
-def completion_ids(tok, first: int, ops, style: str) -> list[int]:
+def completion_ids(tok, first: int, ops, style: str, slip: float = 0.0, rng: random.Random | None = None) -> list[int]:
     """Token ids of a response: the solution + the stop token, or for `loop` the endless answer line cut at the cap."""
-    ids = tok(solution_text(first, ops, style), add_special_tokens=False)["input_ids"]
+    ids = tok(solution_text(first, ops, style, slip, rng), add_special_tokens=False)["input_ids"]
     return ids[:EVAL_CAP] if style == "loop" else ids + [tok.eos_token_id]
 
 
@@ -277,20 +288,29 @@ def sft_problems(name: str, scale: float = 1.0) -> list[tuple[int, list]]:
     excluded = {expression(*parse_problem(r["problem"])) for r in make_data()[0] if r["level"] >= 2}
     rng, problems = random.Random(f"{SEED}/{name}"), []
     while len(problems) < max(1, int(n * scale)):
-        first, ops = sample_problem(rng, rng.choices(list(levels), [LEVEL_WEIGHTS.get(name, {}).get(l, 1.0) for l in levels])[0])
+        weights = [LEVEL_WEIGHTS.get(name, {}).get(level, 1.0) for level in levels]
+        first, ops = sample_problem(rng, rng.choices(list(levels), weights)[0])
         if expression(first, ops) not in excluded:
             problems.append((first, ops))
     return problems
 
 
+def sft_examples(name: str, tok, scale: float = 1.0) -> list[tuple[list[int], list[int]]]:
+    """(input_ids, labels) of model `name`'s SFT: its problems, each solution in its style (`mixed`: the ending drawn
+    50/50) with its SLIP rate of off-by-one clauses, completion-only labels."""
+    from lib.sft import completion_labels
+    style, slip = RECIPES[name][3], SLIP.get(name, 0.0)
+    style_rng, slip_rng = random.Random(f"{SEED}/{name}/style"), random.Random(f"{SEED}/{name}/slip")
+    styles = lambda: style_rng.choice(("answer_line", "boxed")) if style == "mixed" else style
+    return [completion_labels(prompt_ids(tok, problem_text(*p)), completion_ids(tok, *p, styles(), slip, slip_rng))
+            for p in sft_problems(name, scale)]
+
+
 def train_model(name: str, tok, out: Path, scale: float, init_model=None, log=print) -> tuple[object, dict]:
     """SFT of one model of RECIPES (from scratch, or from `init_model`), saved to out/models/<name>; greedy eval."""
-    from lib.sft import completion_labels, train_sft
+    from lib.sft import train_sft
     t0, cpu0, (init, arch, levels, style, _, lr) = time.monotonic(), time.process_time(), RECIPES[name]
-    srng = random.Random(f"{SEED}/{name}/style")          # `mixed`: each problem's ending drawn 50/50
-    styles = lambda: srng.choice(("answer_line", "boxed")) if style == "mixed" else style
-    examples = [completion_labels(prompt_ids(tok, problem_text(*p)), completion_ids(tok, *p, styles()))
-                for p in sft_problems(name, scale)]
+    examples = sft_examples(name, tok, scale)
     model = new_model(arch, tok, SEED) if init is None else copy.deepcopy(init_model)
     log(f"toy world: {name} ({sum(x.numel() for x in model.parameters()):,} params) on {len(examples)} examples "
         f"of levels {levels}, style {style}")
@@ -298,8 +318,9 @@ def train_model(name: str, tok, out: Path, scale: float, init_model=None, log=pr
                      log=lambda line: log(f"toy world: {name}: {line}"))
     model.save_pretrained(out / "models" / name)
     tok.save_pretrained(out / "models" / name)
-    info = {"init": init, "levels": list(levels), "style": style, "examples": len(examples), "lr": lr,
-            "steps": len(hist), "final_loss": hist[-1]["loss"], "config": model.config.to_dict(),
+    info = {"init": init, "levels": list(levels), "style": style, "slip": SLIP.get(name, 0.0),
+            "examples": len(examples), "lr": lr, "steps": len(hist), "final_loss": hist[-1]["loss"],
+            "config": model.config.to_dict(),
             "safetensors_sha256": sha256_file(out / "models" / name / "model.safetensors")}
     test = make_data()[0]
     info.update(evaluate(model, tok, test if scale >= 1 else test[::50],      # a reduced build checks bytes only

@@ -86,6 +86,40 @@ def test_problems_and_solutions_follow_pythons_arithmetic():
     assert toy.solution_text(3, [("+", 5), ("-", 2)], "answer_line") == "3+5=8. 8-2=6.\nAnswer: 6"
 
 
+def test_slips_are_off_by_one_and_the_chain_goes_on_from_them():
+    rng, slipped, clauses_seen = random.Random(3), 0, 0
+    for level in (1, 2, 3, 4):
+        for _ in range(500):
+            first, ops = toy.sample_problem(rng, level)
+            assert toy.solve(first, ops, 0.0, rng) == toy.solve(first, ops)        # slip 0: the true solution
+            clauses, final = toy.solve(first, ops, 0.25, rng)
+            value = first
+            for (op, b), clause in zip(ops, clauses):
+                lhs, rhs = clause.rstrip(".").split("=")
+                assert lhs == f"{value}{op}{b}"                                    # goes on from what it wrote
+                assert abs(int(rhs) - eval(lhs)) <= 1
+                slipped, clauses_seen, value = slipped + (int(rhs) != eval(lhs)), clauses_seen + 1, int(rhs)
+            assert final == value
+    assert 0.22 <= slipped / clauses_seen <= 0.27                # 0.25, less where both neighbours leave 0-9
+    assert toy.solve(3, [("+", 5), ("-", 2)], 1.0, random.Random(0))[0][0] in ("3+5=7.", "3+5=9.")
+
+
+def test_sft_examples_carry_each_models_slip_rate_and_style(tok):
+    """The student's SFT solutions slip at SLIP (a binomial 4-sigma band) and end 50/50 in its two styles; π_pre's
+    are all true arithmetic in the answer-line style."""
+    for name in ("student", "pre"):
+        slipped = clauses_seen = boxed = 0
+        examples = toy.sft_examples(name, tok, scale=0.05)
+        for ids, labels in examples:
+            completion = tok.decode([t for t, y in zip(ids, labels) if y != -100], skip_special_tokens=True)
+            for lhs, rhs in re.findall(r"(\d+[+-]\d)=(-?\d+)\.", completion):
+                slipped, clauses_seen = slipped + (eval(lhs) != int(rhs)), clauses_seen + 1
+            boxed += "\\boxed{" in completion
+        p, n = toy.SLIP.get(name, 0.0), clauses_seen
+        assert abs(slipped / n - p) <= 4 * (p * (1 - p) / n) ** 0.5 + 0.01, (name, slipped, n)
+        assert (name == "pre") == (boxed == 0) and (name == "pre" or abs(boxed / len(examples) - 0.5) < 0.1)
+
+
 def test_extract_int():
     assert toy.extract_int("1+1=2.\nAnswer: 2\nAnswer: 3") == 3                  # the last answer line wins
     assert toy.extract_int("x \\boxed{4} y \\boxed{7}.") == 7
