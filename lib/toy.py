@@ -1,22 +1,7 @@
 r"""The toy world (SPEC §10): a synthetic arithmetic task, a chat tokenizer and four tiny Qwen2 models, built on a
 2-core CPU in under 5 minutes, deterministically, and cached under `<cache>/toy/<world_hash>/`.
 
-Task. A chain of single-digit additions and subtractions; level = number of operations. Operands are 1-9 and every
-running value stays in 0-9, so each step is a one-digit fact and no step leaves the value unchanged (stopping one
-step early is always wrong). The solution walks the chain, one clause per step:
-
-    problem   Compute 3+5-2.
-    teacher   3+5=8. 8-2=6.\nAnswer: 6<|im_end|>                  (the DAPO answer line: extractor `answer_line`)
-    student   3+5=8. 8-2=6. The answer is \boxed{6}.<|im_end|>     (its own style, extractor `boxed`: half of its
-                                                                    SFT solutions; the other half end as the teacher's)
-
-The prompt is the real DAPO prompt under the toy chat template (`lib.data.prompt_ids`): training, evaluation and
-OPD see the same prompt tokens.
-
-Tokenizer. Byte-level BPE in Hugging Face format, built like Qwen2's (NFC, Qwen2's split regex, so every digit is
-its own token; byte alphabet, so any text encodes), merges trained on toy chats: the DAPO prompt is ~70 tokens
-instead of ~260 characters. ChatML template without a system prompt; `<|im_end|>` ends a turn (eos),
-`<|endoftext|>` pads. The embedding is padded to a multiple of 64 (config.vocab_size > len(tokenizer), as in Qwen2.5).
+The task, its solutions and the tokenizer: lib/toy_task.py. This file trains the models on them.
 
 Models: tiny `Qwen2ForCausalLM`, fp32, tied embeddings, head_dim 64 (a head size vLLM's CPU attention supports).
     pre              2 layers × 128, from scratch on levels 1-2: ~100 % there, ~20 % on unseen level 3 (a
@@ -49,7 +34,6 @@ import hashlib
 import json
 import os
 import random
-import re
 import shutil
 import subprocess
 import sys
@@ -59,20 +43,13 @@ from pathlib import Path
 
 from lib.artifacts import REPO, atomic_write_json, atomic_write_jsonl, sha256_file
 from lib.data import prompt_ids
-from lib.registry import MODELS
+from lib.toy_task import (EVAL_CAP, PAD, STOP, build_tokenizer, completion_ids, expression, extract_int, make_rows,
+                          parse_problem, problem_text, sample_problem, solution_text)
 
 SEED = 1234
-MAX_VALUE = 9                                        # running values stay single digits
 BUILD_THREADS = 1                                    # torch threads per build process (two processes)
 TEST_PER_LEVEL = 50                                  # toy_test.jsonl: levels 1-4
 TRAIN_PROMPTS = {1: 40, 2: 600, 3: 800}             # toy_train.jsonl, disjoint from toy_test (level 1 has 90 problems)
-EVAL_CAP = MODELS["toy-post-offsupport"].eval_max_new_tokens   # greedy eval cap; post-offsupport loops up to it
-STOP, PAD = "<|im_end|>", "<|endoftext|>"
-CHAT_TEMPLATE = ("{%- for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] "
-                 "+ '<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
-                 "{%- endif %}")
-QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
-               r"\s*[\r\n]+|\s+(?!\S)|\s+")
 DIMS = dict(hidden_size=128, intermediate_size=512, num_attention_heads=2, num_key_value_heads=2)  # head_dim 64
 ARCH = {"teacher": dict(DIMS, num_hidden_layers=2), "student": dict(DIMS, num_hidden_layers=3)}
 # name: (initial weights, architecture, levels trained on, completion style, examples, peak lr)
@@ -90,114 +67,6 @@ SLIP = {"student": 0.25}
 # Small batches, many steps: at equal tokens, batch 16 × 800 steps solved levels 1-2 where batch 32 × 400 reached
 # ~55 % on level 2 (the operand-copying attention forms late). A GQA (1 kv head) student plateaued in one build of two.
 SFT = dict(epochs=1, batch_size=16, warmup_frac=0.05, schedule="cosine", weight_decay=0.0, log_every=100)
-
-
-# --- problems and solutions ---
-
-def sample_problem(rng: random.Random, level: int) -> tuple[int, list[tuple[str, int]]]:
-    """(first operand, [(op, operand)] × level): operands 1-9, every running value in [0, MAX_VALUE]. No operand
-    is 0, so every step changes the value and stopping a step early is always wrong."""
-    value = first = rng.randint(0, 9)
-    ops = []
-    for _ in range(level):
-        op = rng.choice("+-" if 0 < value < MAX_VALUE else "+" if value == 0 else "-")
-        b = rng.randint(1, min(9, MAX_VALUE - value)) if op == "+" else rng.randint(1, min(9, value))
-        value += b if op == "+" else -b
-        ops.append((op, b))
-    return first, ops
-
-
-def expression(first: int, ops) -> str:
-    return str(first) + "".join(f"{op}{b}" for op, b in ops)
-
-
-def problem_text(first: int, ops) -> str:
-    return f"Compute {expression(first, ops)}."
-
-
-def solve(first: int, ops, slip: float = 0.0, rng: random.Random | None = None) -> tuple[list[str], int]:
-    """The clauses `a+b=c.` of the chain and the final value. With `slip` > 0 each clause's result is off by one
-    with that probability (drawn from `rng`; the direction at random, within 0-9) and the chain goes on from the
-    slipped value, as a careless solver's would: the final value is then wrong (and may leave 0-9)."""
-    clauses, value = [], first
-    for op, b in ops:
-        result = value + b if op == "+" else value - b
-        near = [r for r in (result - 1, result + 1) if 0 <= r <= MAX_VALUE]
-        if slip and rng.random() < slip and near:
-            result = rng.choice(near)
-        clauses.append(f"{value}{op}{b}={result}.")
-        value = result
-    return clauses, value
-
-
-def solution_text(first: int, ops, style: str, slip: float = 0.0, rng: random.Random | None = None) -> str:
-    """The response without its stop token. `loop` is the answer-line solution followed by the answer line again
-    and again (cut to the cap after tokenization). `slip`, `rng`: see `solve`."""
-    clauses, value = solve(first, ops, slip, rng)
-    steps = " ".join(clauses)
-    if style == "answer_line":
-        return f"{steps}\nAnswer: {value}"
-    if style == "boxed":
-        return f"{steps} The answer is \\boxed{{{value}}}."
-    if style == "loop":
-        return f"{steps}\nAnswer: {value}" + f"\nAnswer: {value}" * (EVAL_CAP // 4)   # ≥ 4 tokens each
-    raise ValueError(f"unknown solution style {style!r}")
-
-
-def make_rows(rng: random.Random, counts: dict[int, int], exclude: set[str], prefix: str) -> list[dict]:
-    """Distinct problems, `counts[level]` per level, no expression in `exclude`; rows in a seeded order."""
-    rows, seen = [], set(exclude)
-    for level, n in counts.items():
-        k = 0
-        while k < n:
-            first, ops = sample_problem(rng, level)
-            if expression(first, ops) not in seen:
-                seen.add(expression(first, ops))
-                rows.append({"id": f"{prefix}-L{level}-{k:04d}", "problem": problem_text(first, ops),
-                             "answer": str(solve(first, ops)[1]), "level": level})
-                k += 1
-    rng.shuffle(rows)
-    return rows
-
-
-def parse_problem(text: str) -> tuple[int, list[tuple[str, int]]]:
-    m = re.search(r"(\d)((?:[+-]\d)+)", text)
-    if m is None:
-        raise ValueError(f"not a toy problem: {text!r}")
-    return int(m.group(1)), [(op, int(b)) for op, b in re.findall(r"([+-])(\d)", m.group(2))]
-
-
-def extract_int(completion: str) -> int | None:
-    """The last `Answer:` line's integer, else the last `\\boxed{}` integer (a stand-in for lib/grading's rule)."""
-    lines = re.findall(r"Answer:\s*(-?\d+)", completion)
-    if lines:
-        return int(lines[-1])
-    boxed = re.findall(r"\\boxed\{(-?\d+)\}", completion)
-    return int(boxed[-1]) if boxed else None
-
-
-# --- the tokenizer ---
-
-def build_tokenizer(corpus: list[str]):
-    """Byte-level BPE trained on `corpus` (Qwen2's pre-tokenization), specials appended, ChatML template."""
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-    bpe = Tokenizer(models.BPE())
-    bpe.normalizer = normalizers.NFC()
-    bpe.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
-                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    bpe.decoder = decoders.ByteLevel()
-    bpe.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=1024, min_frequency=2, show_progress=False,
-                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    bpe.add_special_tokens([PAD, "<|im_start|>", STOP])
-    return PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token=STOP, pad_token=PAD, chat_template=CHAT_TEMPLATE,
-                                   model_max_length=512, clean_up_tokenization_spaces=False)
-
-
-def completion_ids(tok, first: int, ops, style: str, slip: float = 0.0, rng: random.Random | None = None) -> list[int]:
-    """Token ids of a response: the solution + the stop token, or for `loop` the endless answer line cut at the cap."""
-    ids = tok(solution_text(first, ops, style, slip, rng), add_special_tokens=False)["input_ids"]
-    return ids[:EVAL_CAP] if style == "loop" else ids + [tok.eos_token_id]
 
 
 # --- models ---
@@ -255,12 +124,12 @@ def evaluate(model, tok, rows: list[dict], style: str) -> dict:
 # --- building the world ---
 
 def world_hash() -> str:
-    """The cache key: the code that builds the world (this file, lib/sft.py, lib/data.py), the seed, the thread
-    count, the eval cap and torch's major.minor version. Not transformers': the vLLM venv pins an older one and
-    must find the same world, not build its own."""
+    """The cache key: the code that builds the world (this file, toy_task.py, sft.py, data.py), the seed, the
+    thread count, the eval cap and torch's major.minor version. Not transformers': the vLLM venv pins an older one
+    and must find the same world, not build its own."""
     import torch
     h = hashlib.sha256()
-    for name in ("toy.py", "sft.py", "data.py"):
+    for name in ("toy.py", "toy_task.py", "sft.py", "data.py"):
         h.update((Path(__file__).parent / name).read_bytes())
     torch_version = ".".join(torch.__version__.split("+")[0].split(".")[:2])
     h.update(f"seed={SEED} threads={BUILD_THREADS} cap={EVAL_CAP} torch={torch_version}".encode())

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from helpers import run_script
-from lib import raft, registry, toy
+from lib import raft, registry, toy, toy_task
 from lib.artifacts import read_json, read_jsonl, sha256_file, verify_dir
 from lib.data import assistant_header, prompt_ids
 from lib.sft import IGNORE, collate, completion_labels
@@ -22,8 +22,9 @@ from lib.sft import IGNORE, collate, completion_labels
 @pytest.fixture(scope="module")
 def toy_tok():
     rng = random.Random(0)
-    corpus = [f"user\n{toy.problem_text(*toy.sample_problem(rng, 2))}\nassistant\n3+5=8.\nAnswer: 8" for _ in range(50)]
-    return toy.build_tokenizer(corpus)
+    corpus = [f"user\n{toy_task.problem_text(*toy_task.sample_problem(rng, 2))}\nassistant\n3+5=8.\nAnswer: 8"
+              for _ in range(50)]
+    return toy_task.build_tokenizer(corpus)
 
 
 def assert_mask(tok, prompt, completion, completion_text):
@@ -46,9 +47,9 @@ def assert_mask(tok, prompt, completion, completion_text):
 
 
 def test_loss_mask_toy_template(toy_tok):
-    first, ops = toy.parse_problem("Compute 7+6-4.")
-    prompt = prompt_ids(toy_tok, toy.problem_text(first, ops))
-    completion = toy.completion_ids(toy_tok, first, ops, "answer_line")
+    first, ops = toy_task.parse_problem("Compute 7+6-4.")
+    prompt = prompt_ids(toy_tok, toy_task.problem_text(first, ops))
+    completion = toy_task.completion_ids(toy_tok, first, ops, "answer_line")
     assert_mask(toy_tok, prompt, completion, "7+6=13. 13-4=9.\nAnswer: 9")
 
 
@@ -63,9 +64,9 @@ def test_loss_mask_real_qwen_template():
 
 
 def test_check_example_refuses_bad_masks(toy_tok):
-    first, ops = toy.parse_problem("Compute 2+3.")
-    prompt = prompt_ids(toy_tok, toy.problem_text(first, ops))
-    completion = toy.completion_ids(toy_tok, first, ops, "answer_line")
+    first, ops = toy_task.parse_problem("Compute 2+3.")
+    prompt = prompt_ids(toy_tok, toy_task.problem_text(first, ops))
+    completion = toy_task.completion_ids(toy_tok, first, ops, "answer_line")
     header, stop = assistant_header(toy_tok), {toy_tok.eos_token_id}
     ids, labels = completion_labels(prompt, completion)
     n = len(prompt)

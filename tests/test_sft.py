@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from lib import toy
+from lib import toy_task
 from lib.data import prompt_ids
 from lib.sft import IGNORE, batch_plan, collate, completion_labels, completion_loss, lr_factor, train_sft
 
@@ -17,9 +17,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
 @pytest.fixture(scope="module")
 def tok():
     rng = random.Random(0)
-    corpus = [f"user\n{toy.problem_text(*toy.sample_problem(rng, 2))}\nassistant\n3+5=8.\nAnswer: 8"
+    corpus = [f"user\n{toy_task.problem_text(*toy_task.sample_problem(rng, 2))}\nassistant\n3+5=8.\nAnswer: 8"
               for _ in range(50)]
-    return toy.build_tokenizer(corpus)
+    return toy_task.build_tokenizer(corpus)
 
 
 def tiny_model(tok, seed=0):
@@ -32,9 +32,9 @@ def tiny_model(tok, seed=0):
 
 
 def test_completion_labels_mask_by_decoding(tok):
-    first, ops = toy.parse_problem("Compute 7+6-4.")
-    p = prompt_ids(tok, toy.problem_text(first, ops))
-    c = toy.completion_ids(tok, first, ops, "answer_line")
+    first, ops = toy_task.parse_problem("Compute 7+6-4.")
+    p = prompt_ids(tok, toy_task.problem_text(first, ops))
+    c = toy_task.completion_ids(tok, first, ops, "answer_line")
     ids, labels = completion_labels(p, c)
     assert ids == p + c and len(labels) == len(ids)
     n_masked = sum(1 for y in labels if y == IGNORE)
@@ -103,7 +103,8 @@ def test_batch_plan_covers_each_epoch_once():
 
 def test_train_sft_learns_completions_and_is_deterministic(tok):
     problems = ["Compute 3+5.", "Compute 9-4+2."]
-    examples = [completion_labels(prompt_ids(tok, p), toy.completion_ids(tok, *toy.parse_problem(p), "answer_line"))
+    examples = [completion_labels(prompt_ids(tok, p),
+                                  toy_task.completion_ids(tok, *toy_task.parse_problem(p), "answer_line"))
                 for p in problems]
     runs = []
     for _ in range(2):

@@ -1,6 +1,7 @@
-"""lib/toy.py: the task (checked against Python's own arithmetic), the tokenizer and chat template, the built world
-(layout, Hugging Face loading, stop-token behaviour, the capability gap π_post ≫ π_pre on level 3, re-measured here
-with an independent one-prompt-at-a-time greedy loop), train/test disjointness, the build lock and determinism.
+"""lib/toy_task.py and lib/toy.py: the task (checked against Python's own arithmetic) and its careless solutions, the
+tokenizer and chat template, the built world (layout, Hugging Face loading, stop-token behaviour, the capability gap
+π_post ≫ π_pre on level 3, re-measured here with an independent one-prompt-at-a-time greedy loop), train/test
+disjointness, the build lock and determinism.
 
 The world is built once per cache (≈ 5 min on 2 cores the first time, then read from `.cache/toy/<hash>/`)."""
 import json
@@ -14,7 +15,7 @@ import textwrap
 import pytest
 import torch
 
-from lib import toy
+from lib import toy, toy_task
 from lib.artifacts import REPO, read_jsonl, sha256_file
 from lib.data import prompt_ids, render_chat
 
@@ -69,30 +70,30 @@ def test_problems_and_solutions_follow_pythons_arithmetic():
     rng = random.Random(7)
     for level in (1, 2, 3, 4):
         for _ in range(200):
-            first, ops = toy.sample_problem(rng, level)
-            text = toy.problem_text(first, ops)
-            assert len(ops) == level and toy.parse_problem(text) == (first, ops)
+            first, ops = toy_task.sample_problem(rng, level)
+            text = toy_task.problem_text(first, ops)
+            assert len(ops) == level and toy_task.parse_problem(text) == (first, ops)
             expr = text[len("Compute "):-1]
             value = eval(expr)                                               # Python as the reference
-            clauses, got = toy.solve(first, ops)
+            clauses, got = toy_task.solve(first, ops)
             assert got == value and len(clauses) == level
             for clause in clauses:                                           # every clause is true arithmetic
                 lhs, rhs = clause.rstrip(".").split("=")
                 assert eval(lhs) == int(rhs) and 0 <= int(rhs) <= 9
-            sol = toy.solution_text(first, ops, "answer_line")
-            assert sol == " ".join(clauses) + f"\nAnswer: {value}" and toy.extract_int(sol) == value
-            boxed = toy.solution_text(first, ops, "boxed")
-            assert boxed.endswith(f"The answer is \\boxed{{{value}}}.") and toy.extract_int(boxed) == value
-    assert toy.solution_text(3, [("+", 5), ("-", 2)], "answer_line") == "3+5=8. 8-2=6.\nAnswer: 6"
+            sol = toy_task.solution_text(first, ops, "answer_line")
+            assert sol == " ".join(clauses) + f"\nAnswer: {value}" and toy_task.extract_int(sol) == value
+            boxed = toy_task.solution_text(first, ops, "boxed")
+            assert boxed.endswith(f"The answer is \\boxed{{{value}}}.") and toy_task.extract_int(boxed) == value
+    assert toy_task.solution_text(3, [("+", 5), ("-", 2)], "answer_line") == "3+5=8. 8-2=6.\nAnswer: 6"
 
 
 def test_slips_are_off_by_one_and_the_chain_goes_on_from_them():
     rng, slipped, clauses_seen = random.Random(3), 0, 0
     for level in (1, 2, 3, 4):
         for _ in range(500):
-            first, ops = toy.sample_problem(rng, level)
-            assert toy.solve(first, ops, 0.0, rng) == toy.solve(first, ops)        # slip 0: the true solution
-            clauses, final = toy.solve(first, ops, 0.25, rng)
+            first, ops = toy_task.sample_problem(rng, level)
+            assert toy_task.solve(first, ops, 0.0, rng) == toy_task.solve(first, ops)        # slip 0: the true solution
+            clauses, final = toy_task.solve(first, ops, 0.25, rng)
             value = first
             for (op, b), clause in zip(ops, clauses):
                 lhs, rhs = clause.rstrip(".").split("=")
@@ -101,7 +102,7 @@ def test_slips_are_off_by_one_and_the_chain_goes_on_from_them():
                 slipped, clauses_seen, value = slipped + (int(rhs) != eval(lhs)), clauses_seen + 1, int(rhs)
             assert final == value
     assert 0.22 <= slipped / clauses_seen <= 0.27                # 0.25, less where both neighbours leave 0-9
-    assert toy.solve(3, [("+", 5), ("-", 2)], 1.0, random.Random(0))[0][0] in ("3+5=7.", "3+5=9.")
+    assert toy_task.solve(3, [("+", 5), ("-", 2)], 1.0, random.Random(0))[0][0] in ("3+5=7.", "3+5=9.")
 
 
 def test_sft_examples_carry_each_models_slip_rate_and_style(tok):
@@ -112,19 +113,22 @@ def test_sft_examples_carry_each_models_slip_rate_and_style(tok):
         examples = toy.sft_examples(name, tok, scale=0.05)
         for ids, labels in examples:
             completion = tok.decode([t for t, y in zip(ids, labels) if y != -100], skip_special_tokens=True)
-            for lhs, rhs in re.findall(r"(\d+[+-]\d)=(-?\d+)\.", completion):
+            for lhs, rhs in re.findall(r"(-?\d+[+-]\d)=(-?\d+)\.", completion):   # a slip may go below 0
                 slipped, clauses_seen = slipped + (eval(lhs) != int(rhs)), clauses_seen + 1
             boxed += "\\boxed{" in completion
         p, n = toy.SLIP.get(name, 0.0), clauses_seen
         assert abs(slipped / n - p) <= 4 * (p * (1 - p) / n) ** 0.5 + 0.01, (name, slipped, n)
-        assert (name == "pre") == (boxed == 0) and (name == "pre" or abs(boxed / len(examples) - 0.5) < 0.1)
+        if name == "pre":
+            assert boxed == 0
+        else:
+            assert abs(boxed / len(examples) - 0.5) < 0.1
 
 
 def test_extract_int():
-    assert toy.extract_int("1+1=2.\nAnswer: 2\nAnswer: 3") == 3                  # the last answer line wins
-    assert toy.extract_int("x \\boxed{4} y \\boxed{7}.") == 7
-    assert toy.extract_int("Answer: 5 and \\boxed{9}") == 5                       # answer line before boxed
-    assert toy.extract_int("no answer here") is None
+    assert toy_task.extract_int("1+1=2.\nAnswer: 2\nAnswer: 3") == 3                  # the last answer line wins
+    assert toy_task.extract_int("x \\boxed{4} y \\boxed{7}.") == 7
+    assert toy_task.extract_int("Answer: 5 and \\boxed{9}") == 5                       # answer line before boxed
+    assert toy_task.extract_int("no answer here") is None
 
 
 # --- tokenizer and template ---
@@ -187,18 +191,18 @@ def test_data_disjoint_and_correct(world_dir):
         for r in rows:
             assert set(r) == {"id", "problem", "answer", "level"}
             assert int(r["answer"]) == eval(r["problem"][len("Compute "):-1])
-            assert len(toy.parse_problem(r["problem"])[1]) == r["level"]
+            assert len(toy_task.parse_problem(r["problem"])[1]) == r["level"]
     assert not {r["problem"] for r in test} & {r["problem"] for r in train}
     assert not {r["id"] for r in test} & {r["id"] for r in train}
 
 
 def test_sft_sets_hold_out_the_test_problems(world_dir):
     test = read_jsonl(world_dir / "data" / "toy_test.jsonl")
-    held_out = {toy.expression(*toy.parse_problem(r["problem"])) for r in test if r["level"] >= 2}
+    held_out = {toy_task.expression(*toy_task.parse_problem(r["problem"])) for r in test if r["level"] >= 2}
     for name, (_, _, levels, _, n, _) in toy.RECIPES.items():
         problems = toy.sft_problems(name, scale=0.25)
         assert {len(ops) for _, ops in problems} == set(levels)
-        assert not {toy.expression(*p) for p in problems} & held_out, name
+        assert not {toy_task.expression(*p) for p in problems} & held_out, name
     assert toy.sft_problems("pre", 0.1) == toy.sft_problems("pre", 0.1)                  # seeded
 
 
@@ -209,11 +213,11 @@ def test_registry_caps_fit_the_toy_world(world_dir, tok):
     test = read_jsonl(world_dir / "data" / "toy_test.jsonl")
     longest_prompt = max(len(prompt_ids(tok, r["problem"])) for r in train)
     assert longest_prompt <= student.max_prompt_len
-    n_tokens = lambda r, style: len(toy.completion_ids(tok, *toy.parse_problem(r["problem"]), style))
+    n_tokens = lambda r, style: len(toy_task.completion_ids(tok, *toy_task.parse_problem(r["problem"]), style))
     assert max(n_tokens(r, s) for r in train for s in ("answer_line", "boxed")) <= student.max_response_len
     longest_l4 = max(n_tokens(r, s) for r in test if r["level"] == 4 for s in ("answer_line", "boxed"))
     for alias in ("toy-pre", "toy-post", "toy-student", "toy-post-offsupport"):
-        assert MODELS[alias].eval_max_new_tokens == toy.EVAL_CAP >= 2 * longest_l4
+        assert MODELS[alias].eval_max_new_tokens == toy_task.EVAL_CAP >= 2 * longest_l4
 
 
 def test_world_accuracies(world):
@@ -231,21 +235,21 @@ def test_stop_token_behaviour(models, tok, test_rows):
     stop_id = tok.eos_token_id
     rows = [r for r in test_rows if r["level"] in (1, 2)][:6]
     for r in rows:                                    # π_pre stops after its answer line
-        out = greedy_one(models["pre"], tok, r["problem"], toy.EVAL_CAP)
-        assert out[-1] == stop_id and len(out) < toy.EVAL_CAP
+        out = greedy_one(models["pre"], tok, r["problem"], toy_task.EVAL_CAP)
+        assert out[-1] == stop_id and len(out) < toy_task.EVAL_CAP
         assert tok.decode(out, skip_special_tokens=True).endswith(f"\nAnswer: {r['answer']}")
-        out = greedy_one(models["student"], tok, r["problem"], toy.EVAL_CAP)   # either of its two endings
+        out = greedy_one(models["student"], tok, r["problem"], toy_task.EVAL_CAP)   # either of its two endings
         assert out[-1] == stop_id and tok.decode(out).endswith((f"\\boxed{{{r['answer']}}}.<|im_end|>",
                                                                 f"\nAnswer: {r['answer']}<|im_end|>"))
     for r in rows[:3]:                                # post-offsupport never stops: its answer line repeats to the cap
-        out = greedy_one(models["post-offsupport"], tok, r["problem"], toy.EVAL_CAP)
-        assert stop_id not in out and len(out) == toy.EVAL_CAP
+        out = greedy_one(models["post-offsupport"], tok, r["problem"], toy_task.EVAL_CAP)
+        assert stop_id not in out and len(out) == toy_task.EVAL_CAP
         answers = re.findall(r"Answer: (\d+)", tok.decode(out))
         assert len(answers) >= 10 and len(set(answers)) == 1
     # log p(<|im_end|>) right after a correct answer line, teacher-forced
     r = rows[0]
-    first, ops = toy.parse_problem(r["problem"])
-    ids = prompt_ids(tok, r["problem"]) + toy.completion_ids(tok, first, ops, "answer_line")[:-1]
+    first, ops = toy_task.parse_problem(r["problem"])
+    ids = prompt_ids(tok, r["problem"]) + toy_task.completion_ids(tok, first, ops, "answer_line")[:-1]
     with torch.no_grad():
         logp = {n: torch.log_softmax(models[n](input_ids=torch.tensor([ids])).logits[0, -1], -1)[stop_id].item()
                 for n in ("pre", "post", "post-offsupport")}
@@ -256,8 +260,8 @@ def test_capability_gap_remeasured(models, tok, test_rows, world):
     rows = [r for r in test_rows if r["level"] == 3]
     correct = {}
     for name in ("pre", "post"):
-        outs = [greedy_one(models[name], tok, r["problem"], toy.EVAL_CAP) for r in rows]
-        correct[name] = sum(toy.extract_int(tok.decode(o, skip_special_tokens=True)) == int(r["answer"])
+        outs = [greedy_one(models[name], tok, r["problem"], toy_task.EVAL_CAP) for r in rows]
+        correct[name] = sum(toy_task.extract_int(tok.decode(o, skip_special_tokens=True)) == int(r["answer"])
                             for o, r in zip(outs, rows))
         # the builder's batched, left-padded measurement agrees with this unpadded one (≤ 2 near-tie flips)
         assert abs(100 * correct[name] / len(rows) - world["models"][name]["accuracy_by_level"]["3"]) <= 200 / len(rows)
