@@ -281,6 +281,8 @@ def main(argv=None):
         n_tok, r_sum = D.all_sum(sum(len(mb["old_N"]) for mb in mbs),
                                  sum(tok_reward(mb).sum().item() for mb in mbs), device=d.device)
         reward_mean = r_sum / n_tok
+        # the method's order: the adaptive coefficient moves on THIS step's reward mean before the update uses it
+        kl.update(reward_mean)
         for mb in mbs:
             stop = mb["is_stop_N"] if mb["adv"].dim() == 1 else mb["is_stop_N"][:, None]
             if args.reward_center:
@@ -344,7 +346,6 @@ def main(argv=None):
              "perf/mfu": (6 * n_params * (s[4] + s[13]) / (t_update - t_score) / (peak * 1e12 * W)) if peak else None,
              "memory/max_allocated_gb": torch.cuda.max_memory_allocated(d.device) / 2**30 if bf16 else None}
         events = watch.update(step, m["response_length/clip_ratio"], m["response_length/mean"])
-        kl.update(reward_mean)
         if d.main:
             with open(out / "metrics.jsonl", "a") as f:
                 f.write(json.dumps(m) + "\n")
