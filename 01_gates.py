@@ -1,4 +1,4 @@
-"""01_gates — every check the campaign runs before spending GPU time (SPEC §8), one PASS/FAIL line per gate.
+"""01_gates — every check the campaign runs before spending GPU time (DESIGN.md §8), one PASS/FAIL line per gate.
 
 Gates, in order (each writes gates/<gate>.json + a short gates/<gate>.md):
     tokenizer      student, π_pre, π_post: every ordinary id means the same bytes; differing special ids listed with
@@ -8,6 +8,7 @@ Gates, in order (each writes gates/<gate>.json + a short gates/<gate>.md):
     context        for each model × (benchmark, protocol) it is evaluated on, and for training: longest rendered
                    prompt + cap ≤ max_position_embeddings                                          (lib/gates.py)
     template       rendered tail ends with the assistant header; injected system prompt; eos/pad/stop ids
+                                                                                   (lib/chat_template.py)
     anatomy        sample the student on an evenly spaced prompt subset (training rollout settings), score the sampled
                    tokens under π_pre, π_post and the student with lib/scoring.py (the training loop's code) and
                    report the shift anatomy; FAIL on an anti-EOS pair or a vanishing shift          (lib/anatomy.py)
@@ -28,21 +29,18 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
-from lib import anatomy, gates, opd, registry
-from lib.artifacts import (ArtifactError, atomic_write_json, atomic_write_jsonl, atomic_write_text, read_json,
+from lib import anatomy, chat_template, gates, registry
+from lib.artifacts import (ArtifactError, atomic_write_json, atomic_write_text, read_json,
                            read_manifest, verify_dir, wall_clock, write_manifest)
-from lib.data import assistant_header, dapo_prompt, evenly_spaced, prompt_ids, render_chat, stable_seed
+from lib.data import assistant_header, dapo_prompt, prompt_ids, render_chat
 
 GATES = ("tokenizer", "prompt_length", "context", "template", "anatomy")
-ROLES = ("student", "pi_pre", "pi_post")
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    a = p.add_argument
-    a("--pair", default="toy", choices=sorted(registry.PAIRS), help="teacher pair (SPEC §2)")
+    a, D = p.add_argument, anatomy.Settings          # D: the anatomy's defaults, declared in lib/anatomy.py
+    a("--pair", default="toy", choices=sorted(registry.PAIRS), help="teacher pair (DESIGN.md §2)")
     a("--student", default=None, help=f"student (default: the pair's); one of {sorted(registry.STUDENTS)}")
     a("--run-dir", default=None, help="campaign directory (default runs/<pair>); reports go to <run-dir>/gates/")
     a("--gates", nargs="+", default=list(GATES), choices=GATES, help="which gates to run (default: all)")
@@ -50,48 +48,33 @@ def parse_args(argv=None):
       help="proceed even if these gates fail (recorded in the manifest); one of " + ", ".join(GATES))
     a("--train-data", default=None, help="training prompts: a registry benchmark or a jsonl/parquet path with id, "
       "problem (default: the pair's)")
-    a("--max-prompt-len", type=int, default=None, help="prompt cap (default: the student's, SPEC §4)")
-    a("--max-response-len", type=int, default=None, help="response cap (default: the student's, SPEC §4)")
+    a("--max-prompt-len", type=int, default=None, help="prompt cap (default: the student's, DESIGN.md §4)")
+    a("--max-response-len", type=int, default=None, help="response cap (default: the student's, DESIGN.md §4)")
     a("--roundtrip-strings", type=int, default=500, help="strings for the tokenizer round trip")
-    a("--anatomy-prompts", type=int, default=64, help="evenly spaced training prompts the anatomy samples")
-    a("--anatomy-samples", type=int, default=1, help="samples per anatomy prompt")
-    a("--temperature", type=float, default=1.0, help="anatomy sampling temperature (the training rollouts')")
-    a("--top-p", type=float, default=1.0, help="anatomy sampling top-p (the training rollouts')")
-    a("--topk", type=int, default=16, help="K of the student-weighted (delta-topk) mean")
-    a("--min-stop-delta", type=float, default=-10.0,
+    a("--anatomy-prompts", type=int, default=D.prompts, help="evenly spaced training prompts the anatomy samples")
+    a("--anatomy-samples", type=int, default=D.samples, help="samples per anatomy prompt")
+    a("--temperature", type=float, default=D.temperature, help="anatomy sampling temperature (the training rollouts')")
+    a("--top-p", type=float, default=D.top_p, help="anatomy sampling top-p (the training rollouts')")
+    a("--topk", type=int, default=D.topk, help="K of the student-weighted (delta-topk) mean")
+    a("--min-stop-delta", type=float, default=D.min_stop_delta,
       help="FAIL if mean Δ at the terminal stop token is below this (nats). Source report: OpenThinker3 pair −90 "
            "(collapsed at step 10-13), RL pair −6.3 (stable), RAFT −0.006")
-    a("--min-abs-delta", type=float, default=0.01,
+    a("--min-abs-delta", type=float, default=D.min_abs_delta,
       help="FAIL if the shift magnitude mean |Δ| per token is below this (source: corpus pairs 2.7, RAFT 0.099 — "
            "too small to transfer at 7B in 100 steps)")
-    a("--min-pos-frac", type=float, default=0.40,
+    a("--min-pos-frac", type=float, default=D.min_pos_frac,
       help="FAIL if fewer of the student's tokens have Δ > 0 (source: corpus-SFT pairs 23-34 %% collapsed; RL 58 %%, "
            "RAFT 84.7 %% did not)")
-    a("--auroc-bins", type=int, default=4, help="length-quantile bins of the length-controlled AUROC")
-    a("--bootstrap", type=int, default=10_000, help="bootstrap resamples of the AUROC CI (rng seed 42)")
-    a("--backend", default="hf", choices=["hf", "vllm"], help="anatomy sampling engine (lib/sampling.py)")
-    a("--scoring", default="fused-linear", choices=["fused-linear", "logits"], help="TokenScorer projection path")
-    a("--micro-batch", type=int, default=8, help="sequences per scoring forward")
-    a("--seed", type=int, default=42, help="anatomy sampling seeds: stable_seed(seed, 'anatomy', id, j)")
+    a("--auroc-bins", type=int, default=D.auroc_bins, help="length-quantile bins of the length-controlled AUROC")
+    a("--bootstrap", type=int, default=D.bootstrap, help="bootstrap resamples of the AUROC CI (rng seed 42)")
+    a("--backend", default=D.backend, choices=["hf", "vllm"], help="anatomy sampling engine (lib/sampling.py)")
+    a("--scoring", default=D.scoring, choices=["fused-linear", "logits"], help="TokenScorer projection path")
+    a("--micro-batch", type=int, default=D.micro_batch, help="sequences per scoring forward")
+    a("--seed", type=int, default=D.seed, help="anatomy sampling seeds: stable_seed(seed, 'anatomy', id, j)")
     return p.parse_args(argv)
 
 
-# --- models: alias → folder, tokenizer, config, template kwargs ---
-
-def load_roles(pair, student_name, run_dir) -> dict:
-    """{role: dict(alias, resolved, tok, config, kw)} for student, π_pre, π_post."""
-    from transformers import AutoTokenizer
-    aliases = {"student": registry.STUDENTS[student_name].model, "pi_pre": pair.pi_pre, "pi_post": pair.pi_post}
-    roles = {}
-    for role, alias in aliases.items():
-        res = registry.resolve_model(alias, run_dir)
-        cfg = json.loads((res.path / "config.json").read_text())
-        spec = registry.model_spec(alias, run_dir)
-        kw = {"enable_thinking": True} if spec.thinking else {}
-        roles[role] = dict(alias=alias, resolved=res, tok=AutoTokenizer.from_pretrained(res.path), config=cfg, kw=kw,
-                           spec=spec)
-    return roles
-
+# --- models: alias → folder, tokenizer, config, template kwargs (anatomy.load_roles) ---
 
 def max_positions(m: dict) -> int:
     cfg = m["config"]
@@ -180,7 +163,7 @@ def gate_template(roles, train_rows) -> dict:
         gen = path / "generation_config.json"
         eos = json.loads(gen.read_text()).get("eos_token_id") if gen.exists() else None
         gen_eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-        r = gates.template_report(tok, render_chat(tok, dapo_prompt(example), **m["kw"]),
+        r = chat_template.template_report(tok, render_chat(tok, dapo_prompt(example), **m["kw"]),
                                   header=assistant_header(tok, **m["kw"]), stop=stop_ids(tok, path), gen_eos=gen_eos,
                                   template_note=m["spec"].template_note, kw=m["kw"])
         per[role] = {"model": m["alias"], **r}
@@ -195,160 +178,15 @@ def gate_template(roles, train_rows) -> dict:
 
 # --- gate 5: shift anatomy ---
 
-def load_lm(path, device):
-    from transformers import AutoModelForCausalLM
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
-
-
-def sample_student(m, prompts, seeds, args, device):
-    """The student's completions at the training rollout settings, through lib/sampling (hf or vllm)."""
-    from lib.sampling import load_engine, sample
-    if args.backend == "vllm":
-        engine = load_engine("vllm", str(m["resolved"].path), m["tok"],
-                             max_model_len=args.max_prompt_len + args.max_response_len,
-                             dtype="bfloat16" if device.type == "cuda" else "float32")
-    else:
-        engine = load_engine("hf", m["resolved"].path, m["tok"], batch_size=max(64, args.micro_batch), device=device,
-                             dtype=torch.bfloat16 if device.type == "cuda" else torch.float32)
-    outs = sample(engine, prompts, seeds, temperature=args.temperature, top_p=args.top_p,
-                  max_new_tokens=args.max_response_len, progress="anatomy: sampling the student")
-    del engine
-    return outs
-
-
-@torch.no_grad()
-def score_all(roles, prompts, outs, args, device) -> dict:
-    """lib/scoring.py over every micro-batch, one model in memory at a time. Returns per-token tensors (N_total, ·):
-    student lp (N,), top-K log-probs (N, K); each teacher's log-probs of [sampled id, top-K ids] (N, 1+K)."""
-    from lib.scoring import TokenScorer, pack, score_ids
-    tok = roles["student"]["tok"]
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    mb = args.micro_batch
-    batches = [(prompts[c:c + mb], [o.token_ids for o in outs[c:c + mb]]) for c in range(0, len(outs), mb)]
-    got, ids_NK = {}, []
-    for role in ROLES:                                    # the student first: its top-K ids are what teachers score
-        scorer = TokenScorer(load_lm(roles[role]["resolved"].path, device), fused_linear=args.scoring == "fused-linear")
-        parts = []
-        for j, (p, r) in enumerate(batches):
-            batch = pack(p, r, pad_id).to(device)
-            if role == "student":
-                lp_N, topk_ids_NK, topk_lp_NK, _ = scorer(batch, None, topk=args.topk)
-                ids_NK.append(torch.cat([batch.targets_N[:, None], topk_ids_NK], 1))      # (N, 1+K)
-                parts.append((lp_N.float().cpu(), topk_lp_NK.float().cpu()))
-            else:
-                parts.append(score_ids(scorer, batch, ids_NK[j]).float().cpu())         # (N, 1+K)
-        got[role] = (torch.cat([x[0] for x in parts]), torch.cat([x[1] for x in parts])) if role == "student" \
-            else torch.cat(parts)
-        del scorer
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-    return got
-
-
 def gate_anatomy(roles, train_rows, args, out_dir) -> dict:
-    """Sample the student on an evenly spaced prompt subset, grade, score under all three models, summarise."""
-    from lib import grading
-    m = roles["student"]
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    subset = evenly_spaced(train_rows, args.anatomy_prompts)
-    ids_P = {r["id"]: prompt_ids(m["tok"], r["problem"], **m["kw"]) for r in subset}
-    over = [r["id"] for r in subset if len(ids_P[r["id"]]) > args.max_prompt_len]
-    subset = [r for r in subset if r["id"] not in over]   # the prompt_length gate names them; training refuses them
-    reqs = [(r, j) for r in subset for j in range(args.anatomy_samples)]
-    if not reqs:
-        return gates.verdict([f"no anatomy prompts: {len(over)} of the subset are over the prompt cap and "
-                              f"--anatomy-prompts is {args.anatomy_prompts}"], summary="nothing sampled")
-    prompts = [ids_P[r["id"]] for r, _ in reqs]
-    seeds = [stable_seed(args.seed, "anatomy", r["id"], j) for r, j in reqs]
-    t0 = time.monotonic()
-    outs = sample_student(m, prompts, seeds, args, device)
-    t_sample = time.monotonic() - t0
-    extractors = [grading.extract_answer(o.text)[1] for o in outs]
-    golds = [r.get("answer") for r, _ in reqs]
-    graded = [i for i, g in enumerate(golds) if g is not None]
-    grades = dict(zip(graded, grading.grade_many([(outs[i].text, golds[i]) for i in graded],
-                                                 progress="anatomy: grading")))
-    t0 = time.monotonic()
-    s = score_all(roles, prompts, outs, args, device)
-    t_score = time.monotonic() - t0
-
-    lp_student_N, topk_lp_NK = s["student"]
-    post_NK, pre_NK = s["pi_post"], s["pi_pre"]
-    delta_N = opd.delta_sampled_reward(post_NK[:, 0], pre_NK[:, 0])                               # (N,)
-    weighted_N = opd.delta_topk_advantage(topk_lp_NK, post_NK[:, 1:], pre_NK[:, 1:]).sum(-1)      # (N,)
-    sampler_N = torch.tensor([x for o in outs for x in o.logprobs])
-    seqs, rows_out, start = [], [], 0
-    for i, ((r, j), o) in enumerate(zip(reqs, outs)):
-        sl = slice(start, start + len(o.token_ids))
-        start = sl.stop
-        stopped = o.finish_reason == "stop"
-        last = sl.stop - 1
-        lp_stop = {"student": float(lp_student_N[last]), "pi_pre": float(pre_NK[last, 0]),
-                   "pi_post": float(post_NK[last, 0])} if stopped else None
-        correct = bool(grades[i].correct) if i in grades else None
-        seqs.append(dict(delta=delta_N[sl].numpy(), weighted=weighted_N[sl].numpy(), stopped=stopped,
-                         answer_end=stopped and extractors[i] != "none", lp_stop=lp_stop, correct=correct,
-                         n_tokens=len(o.token_ids)))
-        rows_out.append({"problem_id": r["id"], "seed": seeds[i], "sample": j, "n_tokens": len(o.token_ids),
-                         "finish_reason": o.finish_reason, "extractor": extractors[i], "correct": correct,
-                         "level": r.get("level"), "seq_mean_delta": float(delta_N[sl].mean()),
-                         "seq_mean_weighted": float(weighted_N[sl].mean()),
-                         "delta_at_stop": float(delta_N[last]) if stopped else None, "lp_stop": lp_stop,
-                         "completion": o.text})
-    atomic_write_jsonl(out_dir / "anatomy_samples.jsonl", rows_out)
-    stats = anatomy.summarise(seqs, args.auroc_bins, args.bootstrap)
-    stats["sampler_logprob_gap"] = float((sampler_N - lp_student_N).abs().mean())   # sampler vs scorer, same tokens
-    reasons = anatomy.anatomy_gate(stats, args.min_stop_delta, args.min_abs_delta, args.min_pos_frac)
-    warnings = [f"{len(over)} subset prompts over the prompt cap were left out: {over}"] if over else []
-    if stats["sampler_logprob_gap"] > 0.05:
-        warnings.append(f"sampler and scorer disagree by {stats['sampler_logprob_gap']:.3f} nats/token on the same "
-                        "tokens: check dtype or the sampling engine")
-    rep = gates.verdict(reasons, warnings, **stats, pair=args.pair, models={k: v["alias"] for k, v in roles.items()},
-                        settings={"prompts": len(subset), "samples_per_prompt": args.anatomy_samples,
-                                  "temperature": args.temperature, "top_p": args.top_p,
-                                  "max_new_tokens": args.max_response_len, "topk": args.topk, "backend": args.backend,
-                                  "scoring": args.scoring, "seed": args.seed, "device": device.type},
-                        thresholds={"min_stop_delta": args.min_stop_delta, "min_abs_delta": args.min_abs_delta,
-                                    "min_pos_frac": args.min_pos_frac},
-                        timing_s={"sample": round(t_sample, 2), "score": round(t_score, 2)},
-                        samples_file="anatomy_samples.jsonl")
-    rep["table"] = anatomy_table(rep)
-    rep["summary"] = (f"Δ̄ {stats['token_mean_delta']:+.3f}, |Δ| {stats['abs_mean_delta']:.3f}, "
-                      f"{100 * stats['pos_frac']:.1f} % > 0, Δ@stop "
-                      + ("n/a" if stats["stop"]["mean_delta"] is None else f"{stats['stop']['mean_delta']:+.2f}"))
-    return rep
-
-
-def _f(x, spec="+.3f"):
-    return "n/a" if x is None else format(x, spec)
-
-
-def anatomy_table(rep: dict) -> str:
-    """The anatomy as a markdown table (printed and written to anatomy.md)."""
-    a, lp, st = rep["auroc"], rep["logp_stop_at_answer_end"], rep["stop"]
-    ci = a.get("ci95")
-    auc = _f(a.get("length_controlled"), ".3f") + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "") \
-        + ("" if a.get("length_controlled") is not None else f" ({a.get('why')})")
-    lines = [
-        f"| shift anatomy: {rep['pair']} ({rep['models']['pi_post']} − {rep['models']['pi_pre']}) on "
-        f"{rep['models']['student']} | value |", "|---|---|",
-        f"| sequences / tokens | {rep['n_sequences']} / {rep['n_tokens']} |",
-        f"| token-mean Δ (nats) | {_f(rep['token_mean_delta'])} |",
-        f"| student-weighted mean Σ_k w_k Δ(x_k), K={rep['settings']['topk']} | {_f(rep['student_weighted_mean'])} |",
-        f"| % tokens with Δ > 0 | {_f(100 * rep['pos_frac'] if rep['pos_frac'] is not None else None, '.1f')} |",
-        f"| mean abs Δ (shift magnitude) | {_f(rep['abs_mean_delta'], '.4f')} |",
-        f"| interior-token mean Δ | {_f(rep['interior_mean_delta'])} |",
-        f"| Δ at terminal stop (n = {st['n']}) | {_f(st['mean_delta'])} |",
-        f"| log p(stop) at answer ends (n = {lp['n']}): student / π_pre / π_post | "
-        f"{_f(lp['student'])} / {_f(lp['pi_pre'])} / {_f(lp['pi_post'])} |",
-        f"| accuracy / stop rate / mean tokens | {_f(rep['accuracy'], '.3f')} / {_f(rep['stop_rate'], '.3f')} / "
-        f"{_f(rep['mean_tokens'], '.1f')} |",
-        f"| AUROC of sequence-mean Δ for correctness, length-controlled [95 % CI] | {auc} |",
-        f"| AUROC raw (no length control) | {_f(a.get('raw'), '.3f')} |",
-        f"| sampler vs scorer log-prob gap | {_f(rep['sampler_logprob_gap'], '.2e')} |",
-    ]
-    return "\n".join(lines)
+    """lib/anatomy.py's driver with this script's flags (each defaults to anatomy.Settings, declared there once)."""
+    cfg = anatomy.Settings(max_prompt_len=args.max_prompt_len, max_response_len=args.max_response_len,
+                           prompts=args.anatomy_prompts, samples=args.anatomy_samples, temperature=args.temperature,
+                           top_p=args.top_p, topk=args.topk, min_stop_delta=args.min_stop_delta,
+                           min_abs_delta=args.min_abs_delta, min_pos_frac=args.min_pos_frac, auroc_bins=args.auroc_bins,
+                           bootstrap=args.bootstrap, backend=args.backend, scoring=args.scoring,
+                           micro_batch=args.micro_batch, seed=args.seed)
+    return anatomy.run(roles, train_rows, cfg, out_dir, args.pair)
 
 
 # --- reports ---
@@ -419,7 +257,7 @@ def main(argv=None):
     out_dir = run_dir / "gates"
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
-        roles = load_roles(pair, student_name, run_dir)
+        roles = anatomy.load_roles(pair, student_name, run_dir)
     except (RuntimeError, FileNotFoundError, KeyError) as e:       # offline hub, missing RAFT folder, bad alias
         sys.exit(f"[01] cannot load the models of pair {args.pair}: {e}")
     train_rows, train_src = registry.load_benchmark(args.train_data or pair.train_data, require_answer=False)

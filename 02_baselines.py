@@ -1,9 +1,10 @@
-"""02_baselines.py — every fixed model a pair needs, on every benchmark and protocol of the pair (SPEC §2, §5).
+"""02_baselines.py — every fixed model a pair needs, on every benchmark and protocol of the pair (DESIGN.md §2, §5).
 
 For `--pair P`: π_pre, π_post and the initial student, each on the pair's eval list (real pairs: AIME 2024/2025 ×
-sample32, MATH-500 × sample4 and greedy; the toy pair: the toy benchmark × sample4 and greedy). Each unit is made by
-04_eval.py's own code, one model loaded once for all its units; finished units are skipped (hashes verified),
-so a killed baseline run is resumed by running the same command again.
+sample32, MATH-500 × sample4 and greedy; the toy pair: the toy benchmark × sample4 and greedy). Each unit is one
+run of 04_eval.py as its own process (the stage contract: this script imports no other stage); 04's
+`--skip-if-exists` leaves finished units untouched (hashes verified), so a killed baseline run is resumed by running
+the same command again. Each unit loads its model afresh: on a real pair that is one engine start per unit.
 
 CPU (toy):  python 02_baselines.py --run-dir runs/toy --pair toy
 GPU:        python 02_baselines.py --run-dir runs/openthinker --pair openthinker --backend vllm
@@ -11,19 +12,19 @@ GPU:        python 02_baselines.py --run-dir runs/openthinker --pair openthinker
 from __future__ import annotations
 
 import argparse
-import gc
-import importlib
+import subprocess
 import sys
+from pathlib import Path
 
 from lib import registry
 
-eval04 = importlib.import_module("04_eval")   # the one implementation of an eval unit
+EVAL = Path(__file__).resolve().parent / "04_eval.py"      # the one implementation of an eval unit
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run-dir", required=True, help="campaign directory (runs/<name>)")
-    p.add_argument("--pair", default="toy", choices=sorted(registry.PAIRS), help="teacher pair (SPEC §2)")
+    p.add_argument("--pair", default="toy", choices=sorted(registry.PAIRS), help="teacher pair (DESIGN.md §2)")
     p.add_argument("--student", default=None, help=f"student (default: the pair's); one of {sorted(registry.STUDENTS)}")
     p.add_argument("--models", default="pi_pre,pi_post,student", help="which of pi_pre,pi_post,student to evaluate")
     p.add_argument("--backend", default="hf", choices=["hf", "vllm"], help="sampling backend")
@@ -47,19 +48,17 @@ def main(argv=None):
 
     for role in wanted:
         name = roles[role]
-        plans = [eval04.plan_unit(args.run_dir, name, bench, proto, limit_problems=args.limit_problems,
-                                  backend=args.backend, dtype=args.dtype) for bench, proto in pair.evals]
-        todo = [p for p in plans if eval04.existing_state(p, skip_if_exists=True) != "done"]
-        print(f"[02_baselines] {role} = {name}: {len(plans) - len(todo)} of {len(plans)} units already done")
-        if not todo:
-            continue
-        engine, tok, n_gpu = eval04.load_engine(todo[0], args.backend, args.dtype, args.batch_size,
-                                                args.gpu_memory_utilization)
-        for plan in todo:
-            eval04.run_unit(plan, engine, tok, script=__file__, args=vars(args) | {"role": role},
-                            grade_timeout=args.grade_timeout, gpu_s_per_s=n_gpu)
-        del engine
-        gc.collect()
+        print(f"[02_baselines] {role} = {name}: {len(pair.evals)} units", flush=True)
+        for bench, proto in pair.evals:
+            cmd = [sys.executable, str(EVAL), "--run-dir", str(args.run_dir), "--model", name, "--benchmark", bench,
+                   "--protocol", proto, "--backend", args.backend, "--dtype", args.dtype, "--batch-size",
+                   str(args.batch_size), "--grade-timeout", str(args.grade_timeout), "--gpu-memory-utilization",
+                   str(args.gpu_memory_utilization), "--skip-if-exists"]
+            if args.limit_problems is not None:
+                cmd += ["--limit-problems", str(args.limit_problems)]
+            if subprocess.run(cmd).returncode:
+                sys.exit(f"[02_baselines] 04_eval.py failed on {name} × {bench} × {proto}; rerun it alone to see "
+                         f"why: {' '.join(cmd[1:])}")
 
 
 if __name__ == "__main__":

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib
 import json
 import math
 import os
@@ -49,6 +48,7 @@ from pathlib import Path
 
 import torch
 
+from lib import anatomy as lib_anatomy     # the shift anatomy of 01_gates, one driver for both stages
 from lib import raft, registry
 from lib.artifacts import (atomic_write_json, atomic_write_jsonl, read_json, read_jsonl, read_manifest, sha256_bytes,
                            sha256_file, verify_dir, wall_clock, write_manifest)
@@ -386,19 +386,16 @@ def stage_probe(args, out, base, pre, tok):
 
 
 def anatomy(args, out, pair_name) -> dict:
-    """01_gates' shift anatomy of the RAFT pair (its own code, unchanged): the pair's student samples the training
-    prompts, π_pre and RAFT score its tokens. Written to raft/anatomy/; the headline numbers are returned."""
-    gates01 = importlib.import_module("01_gates")
+    """01_gates' shift anatomy of the RAFT pair (lib/anatomy.py, the same driver): the pair's student samples the
+    training prompts, π_pre and RAFT score its tokens. Written to raft/anatomy/; the headline numbers are returned."""
     pair = registry.PAIRS[pair_name]
     student = registry.STUDENTS[pair.student]
-    g = gates01.parse_args(["--pair", pair_name, "--run-dir", str(args.run_dir), "--anatomy-prompts",
-                            str(args.anatomy_prompts), "--backend", args.backend, "--bootstrap",
-                            str(args.anatomy_bootstrap)])
-    g.max_prompt_len, g.max_response_len = student.max_prompt_len, student.max_response_len
-    roles = gates01.load_roles(pair, pair.student, args.run_dir)
+    cfg = lib_anatomy.Settings(max_prompt_len=student.max_prompt_len, max_response_len=student.max_response_len,
+                               prompts=args.anatomy_prompts, backend=args.backend, bootstrap=args.anatomy_bootstrap)
+    roles = lib_anatomy.load_roles(pair, pair.student, args.run_dir)
     rows, _ = registry.load_benchmark(pair.train_data, require_answer=False)
     (out / "anatomy").mkdir(parents=True, exist_ok=True)
-    rep = gates01.gate_anatomy(roles, rows, g, out / "anatomy")
+    rep = lib_anatomy.run(roles, rows, cfg, out / "anatomy", pair_name)
     atomic_write_json(out / "anatomy" / "anatomy.json", {k: v for k, v in rep.items() if k != "table"})
     (out / "anatomy" / "anatomy.md").write_text(rep["table"] + "\n")
     log(rep["table"])

@@ -1,4 +1,4 @@
-"""Token log-probs and log-ratios from logits, without an (N, V) fp32 temporary (SPEC §12).
+"""Token log-probs and log-ratios from logits, without an (N, V) fp32 temporary (DESIGN.md §12).
 
 Per scored position n (N = B·T rows) the loop needs, over a V ≈ 152k vocabulary, at temperature 1 (raw logits):
 
@@ -20,7 +20,8 @@ Naive `log_softmax(x.float()).gather` moves ≈ 16·N·V bytes and allocates an 
 (lib/logratio_triton.py) read each logit once and write O(N·K). The pure-torch reference here is the same math,
 chunked over rows so CPU memory stays bounded; it is what runs off CUDA. Dispatch: Triton when the logits are on
 CUDA, or on CPU when TRITON_INTERPRET=1 and LOGRATIO_FORCE_TRITON=1 (the interpreter, for tests); else the reference.
-Outputs are fp32, in nats. The fused-linear variant (hidden states → same outputs) is lib/linear_logratio.py.
+Outputs are fp32, in nats. The fused-linear variant (hidden states → same outputs) is lib/linear_logratio.py, which
+builds on this module (import its names from there; nothing here imports it).
 Measured on an H200: bench/RESULTS.md.
 """
 import os
@@ -184,14 +185,3 @@ def reference_student_logprobs(logits_NV, ids_N, k):
     logits_NV, ids_N = _check(logits_NV, ids_N, "ids_N", k)
     return StudentLogprobs.apply(logits_NV, ids_N, k, False)
 
-
-_LINEAR = ("linear_token_logprobs", "linear_teacher_logprobs", "linear_student_logprobs",
-           "reference_linear_token_logprobs", "reference_linear_student_logprobs")
-
-
-def __getattr__(name):
-    """The fused-linear variant lives in lib/linear_logratio.py; re-exported here lazily (it imports this module)."""
-    if name in _LINEAR:
-        import lib.linear_logratio as linear
-        return getattr(linear, name)
-    raise AttributeError(f"module 'lib.logratio' has no attribute {name!r}")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from lib import logratio
+from lib import linear_logratio, logratio
 
 
 @dataclass
@@ -76,10 +76,10 @@ class TokenScorer(nn.Module):
         weight_VH = self.lm.get_output_embeddings().weight
         if ids_NK is None:   # the student: sampled-token log-probs (+ its own top-K), differentiable
             if self.fused_linear:
-                return logratio.linear_student_logprobs(hidden_NH, weight_VH, batch.targets_N, topk)
+                return linear_logratio.linear_student_logprobs(hidden_NH, weight_VH, batch.targets_N, topk)
             return logratio.student_logprobs(hidden_NH @ weight_VH.T, batch.targets_N, topk)
         if self.fused_linear:
-            return logratio.linear_token_logprobs(hidden_NH, weight_VH, ids_NK)
+            return linear_logratio.linear_token_logprobs(hidden_NH, weight_VH, ids_NK)
         return logratio.token_logprobs(hidden_NH @ weight_VH.T, ids_NK)
 
 

@@ -1,4 +1,4 @@
-"""01_gates and its pure logic (lib/gates.py, lib/anatomy.py) against references computed independently here:
+"""01_gates and its pure logic (lib/gates.py, lib/chat_template.py, lib/anatomy.py, lib/auroc.py) against references computed independently here:
 the real Qwen2.5 tokenizer and its DeepSeek-style variant (lib/qwen_tokenizer.py), tiny hand-built byte-level BPEs
 with known differences, brute-force AUROCs, and hand-checked anatomy numbers; the stage end to end on the toy world."""
 import json
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from helpers import run_script
-from lib import anatomy, gates, qwen_tokenizer
+from lib import anatomy, auroc, chat_template, gates, qwen_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -154,22 +154,22 @@ def test_context_gate_with_the_source_reports_numbers():
 
 def test_template_checks_on_real_qwen_and_deepseek(qwen, deepseek):
     from lib.data import assistant_header, dapo_prompt, render_chat
-    assert gates.injected_system(qwen) == "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
-    assert gates.end_of_turn_id(qwen) == 151645                         # <|im_end|>
-    assert gates.end_of_turn_id(deepseek) == 151643                     # <｜end▁of▁sentence｜>
+    assert chat_template.injected_system(qwen) == "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+    assert chat_template.end_of_turn_id(qwen) == 151645                         # <|im_end|>
+    assert chat_template.end_of_turn_id(deepseek) == 151643                     # <｜end▁of▁sentence｜>
     prompt = render_chat(qwen, dapo_prompt("What is 1+1?"))
-    rep = gates.template_report(qwen, prompt, header=assistant_header(qwen), stop=[151643, 151645], gen_eos=[151645],
+    rep = chat_template.template_report(qwen, prompt, header=assistant_header(qwen), stop=[151643, 151645], gen_eos=[151645],
                                 template_note="injects 'You are Qwen, created by Alibaba Cloud…'")
     assert rep["status"] == "PASS" and rep["warnings"] == []
     assert rep["rendered_tail"].endswith("<|im_start|>assistant\n") and len(rep["rendered_tail"]) == 64
     # a generation config that stops only on <|endoftext|>: sampling would run past <|im_end|>
-    bad = gates.template_report(qwen, prompt, header=assistant_header(qwen), stop=[151643], gen_eos=[151643])
+    bad = chat_template.template_report(qwen, prompt, header=assistant_header(qwen), stop=[151643], gen_eos=[151643])
     assert bad["status"] == "FAIL" and "'<|im_end|>' (id 151645)" in bad["reasons"][0]
     assert any("does not note" in w for w in bad["warnings"])           # injected but no registry note
     # a prompt that does not end with the header
-    cut = gates.template_report(qwen, prompt[:-3], header=assistant_header(qwen), stop=[151645], gen_eos=[151645])
+    cut = chat_template.template_report(qwen, prompt[:-3], header=assistant_header(qwen), stop=[151645], gen_eos=[151645])
     assert cut["status"] == "FAIL" and "assistant header" in cut["reasons"][0]
-    ds = gates.template_report(deepseek, render_chat(deepseek, "hi"), header=assistant_header(deepseek),
+    ds = chat_template.template_report(deepseek, render_chat(deepseek, "hi"), header=assistant_header(deepseek),
                                stop=[151643], gen_eos=[151643])
     assert ds["status"] == "PASS" and ds["rendered_tail"].endswith("<｜Assistant｜><think>\n")
     assert ds["injected_system"] is None                                # this template drops system messages
@@ -181,8 +181,8 @@ def test_no_injection_detected_for_a_plain_chatml_template(qwen):
     tok.chat_template = ("{%- for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + "
                          "'<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
                          "{%- endif %}")
-    assert gates.injected_system(tok) == ""
-    rep = gates.template_report(tok, "x<|im_start|>assistant\n", header="<|im_start|>assistant\n", stop=[151645],
+    assert chat_template.injected_system(tok) == ""
+    rep = chat_template.template_report(tok, "x<|im_start|>assistant\n", header="<|im_start|>assistant\n", stop=[151645],
                                 gen_eos=[151645], template_note="injects 'You are Qwen…'")
     assert any("none was rendered" in w for w in rep["warnings"])
 
@@ -202,36 +202,36 @@ def brute_auroc(scores, labels, strata):
 def test_stratified_auroc_matches_brute_force_and_removes_a_length_confound():
     rng = np.random.default_rng(0)
     s, y, st = rng.normal(size=60).round(1), rng.random(60) < 0.4, rng.integers(0, 3, 60)
-    assert anatomy.stratified_auroc(s, y, st)[0] == pytest.approx(brute_auroc(s, y, st)[0])
-    assert anatomy.stratified_auroc(s, y, st)[1] == brute_auroc(s, y, st)[1]
+    assert auroc.stratified_auroc(s, y, st)[0] == pytest.approx(brute_auroc(s, y, st)[0])
+    assert auroc.stratified_auroc(s, y, st)[1] == brute_auroc(s, y, st)[1]
     # long sequences are wrong and score low, but within each length bin the score is anti-informative
     lengths = np.array([10, 11, 12, 13, 100, 101, 102, 103])
     score = np.array([5.0, 6.0, 5.0, 6.0, 1.0, 2.0, 1.0, 2.0])
     correct = np.array([False, True, False, True, False, True, False, True]) == False   # noqa: E712
-    strata = anatomy.length_strata(lengths, 2)
+    strata = auroc.length_strata(lengths, 2)
     assert strata.tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
-    raw, _ = anatomy.stratified_auroc(score, correct)
-    lc, n_pairs = anatomy.stratified_auroc(score, correct, strata)
+    raw, _ = auroc.stratified_auroc(score, correct)
+    lc, n_pairs = auroc.stratified_auroc(score, correct, strata)
     assert lc == 0.0 and n_pairs == 8 and raw == pytest.approx(brute_auroc(score, correct, [0] * 8)[0])
-    assert anatomy.stratified_auroc([1, 2], [True, True])[0] is None
+    assert auroc.stratified_auroc([1, 2], [True, True])[0] is None
 
 
 def test_length_strata_keep_ties_together():
-    st = anatomy.length_strata([48] * 6 + [10, 20, 30, 40], 4)       # six samples at the cap
+    st = auroc.length_strata([48] * 6 + [10, 20, 30, 40], 4)       # six samples at the cap
     assert len(set(st[:6].tolist())) == 1
 
 
 def test_bootstrap_is_the_statistic_on_resampled_multisets():
     rng = np.random.default_rng(1)
     s, y, st = rng.normal(size=20), rng.random(20) < 0.5, rng.integers(0, 2, 20)
-    boot = anatomy.bootstrap_aurocs(s, y, st, n_resamples=50, seed=42)
+    boot = auroc.bootstrap_aurocs(s, y, st, n_resamples=50, seed=42)
     counts = np.random.default_rng(42).multinomial(20, np.full(20, 1 / 20), size=50)    # the same draws
     for b in range(50):
         idx = np.repeat(np.arange(20), counts[b])
         want = brute_auroc(s[idx], y[idx], st[idx])[0]
         assert (math.isnan(boot[b]) and want is None) or boot[b] == pytest.approx(want)
-    ci = anatomy.bootstrap_auroc_ci(s, y, st, n_resamples=10_000)
-    point = anatomy.stratified_auroc(s, y, st)[0]
+    ci = auroc.bootstrap_auroc_ci(s, y, st, n_resamples=10_000)
+    point = auroc.stratified_auroc(s, y, st)[0]
     assert ci["ci"][0] <= point <= ci["ci"][1] and ci["seed"] == 42
 
 

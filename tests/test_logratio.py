@@ -166,7 +166,7 @@ def test_linear_variant(kernels, device, dtype):
 
 @pytest.mark.parametrize("device,dtype", CASES)
 def test_rewards_equal_on_both_paths(kernels, monkeypatch, device, dtype):
-    """The three SPEC §7.2 rewards (lib/opd.py, as 03_opd_train computes them) from the kernels (CUDA / interpreter)
+    """The three DESIGN.md §7.2 rewards (lib/opd.py, as 03_opd_train computes them) from the kernels (CUDA / interpreter)
     equal those from the reference (CPU)."""
     from lib import opd
 
