@@ -17,8 +17,8 @@ Stage 2 `sft`     SFT of π_pre on the kept (prompt ids under π_pre's template 
                   tied lm_head not written. `raft/model` = the 100 % checkpoint (hard links).
 Stage 3 `probe`   on the held-out 5 %: the shift sanity (mean |log p_raft − log p_pre| per completion token) and the
                   EOS probe (mean log p of the stop token at the true end, π_pre vs RAFT), both through lib.scoring;
-                  the weight change; and the shift anatomy of the RAFT pair (01_gates' own gate_anatomy: the student
-                  samples, π_pre and RAFT score) → raft/anatomy/.
+                  the weight change; and the shift anatomy of the RAFT pair (lib/anatomy.py, 01_gates' driver: the
+                  student samples, π_pre and RAFT score) → raft/anatomy/.
 
 Reads:  the pair's π_pre and training prompts (lib/registry.py). Writes <run-dir>/raft/:
     samples/chunk_{0..3}.jsonl, samples/config.json   one row per prompt: its k graded samples, the kept seed
