@@ -103,7 +103,8 @@ def anatomy_gate(stats: dict, min_stop_delta: float, min_abs_delta: float, min_p
                        "student's tokens (a vocabulary or masking problem) — the reward is unusable")
     if stats["stop"]["n"] == 0:
         reasons.append(f"none of the {stats['n_sequences']} samples stopped within the response cap, so Δ at the stop "
-                       "token cannot be measured: check the student's stop ids or raise --anatomy-max-new-tokens")
+                       "token cannot be measured: check the student's stop ids or raise the response cap (01_gates.py "
+                       "--max-response-len)")
     elif stats["stop"]["mean_delta"] < min_stop_delta:
         reasons.append(f"mean Δ at the terminal stop token is {stats['stop']['mean_delta']:+.3f} nats over "
                        f"{stats['stop']['n']} stops (< {min_stop_delta}): at genuine answer ends π_post puts log p(stop) "

@@ -273,7 +273,9 @@ def test_anatomy_gate_fails_an_off_support_pair_with_the_numbers():
     tiny = anatomy.summarise([seq([0.001, 0.002, -0.001])], n_resamples=10)
     assert any("shift magnitude" in r for r in anatomy.anatomy_gate(tiny, -10, 0.01, 0.4))
     never = anatomy.summarise([seq([0.1, 0.2], stopped=False)], n_resamples=10)
-    assert any("none of the 1 samples stopped" in r for r in anatomy.anatomy_gate(never, -10, 0.01, 0.4))
+    why = [r for r in anatomy.anatomy_gate(never, -10, 0.01, 0.4) if "none of the 1 samples stopped" in r]
+    assert why and "--max-response-len" in why[0]
+    assert "--max-response-len" in run_script("01_gates.py", "--help").stdout     # the fix it names is a real flag
     neg = anatomy.summarise([seq([-0.3, -0.2, 0.1, 0.0])], n_resamples=10)
     assert any("25.0 % of the student's tokens" in r for r in anatomy.anatomy_gate(neg, -10, 0.01, 0.4))
 
