@@ -1,5 +1,7 @@
-"""Tests of lib/grading.py (SPEC §5): extraction, math-verify equivalence on every MATH-500 answer shape, the real
-benchmarks' gold answers (self-match and cross-problem mismatch), the time bound, and thread/process safety."""
+"""Tests of lib/grading.py (DESIGN.md §5): extraction (more in test_extract.py), math-verify equivalence on every
+MATH-500 answer shape, the real benchmarks' gold answers (self-match and cross-problem mismatch), prose fallbacks and
+what decided, the CPU-time bound (a starved worker is no timeout; the wall cap), adversarial inputs on a loaded
+machine, workers dying with a killed caller, and thread/process safety."""
 import json
 import multiprocessing
 import os
