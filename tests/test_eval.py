@@ -72,6 +72,29 @@ def check_numbers_against_rows(scores, rows):
     assert [(t["problem_id"], t["seed"]) for t in g["timeouts"]] == timeouts
 
 
+def test_summarize_on_synthetic_rows():
+    """The same recomputation on 40 problems of varied accuracy (the toy unit's 6 problems are too coarse for the CI
+    percentiles to show; seeds per problem vary so the means are not on a coarse grid), with truncations, both
+    extractors, fallback paths and two timeouts."""
+    from lib.grading import Grade
+    from lib.units import grading_summary, summarize
+    rng = np.random.default_rng(0)
+    rows, grades = [], []
+    for p in range(40):
+        for seed in range(1 + (p * 5) % 11):
+            timeout = (p, seed) in {(3, 1), (17, 0)}
+            g = Grade(bool(rng.random() < p / 40) and not timeout, "1", "boxed" if p % 5 == 0 else "answer_line",
+                      "math_verify", "timeout" if timeout else None, "math_verify_line" if p % 7 == 0 else "answer_line",
+                      5.0 if timeout else 0.01, 5.3 if timeout else 0.02)
+            grades.append(g)
+            rows.append({"problem_id": f"q{(p * 13) % 40:02d}", "seed": seed, "correct": g.correct,
+                         "truncated": bool(rng.random() < 0.2) or not rows, "n_tokens": int(rng.integers(10, 500)),
+                         "extractor": g.extractor, "decided_by": g.decided_by, "grade_reason": g.reason})
+    scores = summarize(rows) | {"grading": grading_summary(rows, grades, 5.0)}
+    check_numbers_against_rows(scores, rows)
+    assert scores["grading"]["timeouts"][0] == {"problem_id": "q39", "seed": 1, "cpu_s": 5.0, "wall_s": 5.3}
+
+
 def test_skip_refuse_and_corruption(world, tmp_path):
     args = [f"--run-dir={tmp_path}", "--model=toy-pre", "--benchmark=toy", "--protocol=greedy", "--limit-problems=4",
             "--alias=u"]
