@@ -144,6 +144,15 @@ def test_no_answer_and_unparseable():
     assert grade("Answer: 5", "").reason == "gold parse failed"
 
 
+def test_extraction_runs_in_the_worker(monkeypatch):
+    """The caller never extracts (a stall there would escape the bound): broken in the caller, grading still works."""
+    def broken(*_):
+        raise AssertionError("extraction ran in the calling process")
+    monkeypatch.setattr(grading, "extract_answer", broken)
+    r = grade("Answer: The answer is $\\frac{1}{2}$.", "0.5")
+    assert (r.correct, r.extractor, r.decided_by, r.extracted) == (True, "answer_line", "math_verify_line", "\\frac{1}{2}")
+
+
 def test_none_gold_is_an_error_naming_the_item():
     with pytest.raises(ValueError, match="grade_many item 1: gold answer is None"):
         grade_many([("Answer: 1", "1"), ("Answer: None", None)], progress=False)
