@@ -1,40 +1,45 @@
-"""The grader of SPEC §5: extract a completion's final answer, then check it against the gold with math-verify.
+"""The grader of DESIGN.md §5: extract a completion's final answer, then check it against the gold with math-verify.
 
-    grade(completion, gold) -> Grade(correct, extracted, extractor, verify_method, reason)
+    grade(completion, gold) -> Grade(correct, extracted, extractor, verify_method, reason, decided_by, cpu_s, wall_s)
 
-Extraction (regex, in the calling process): `answer_line` — the LAST line starting with `Answer:` (DAPO format;
-`**Answer:**`, `### Final Answer:` tolerated; `$` delimiters dropped; a `\\boxed{…}` inside it is unwrapped; an empty
-one takes the next paragraph); else `boxed` — the LAST `\\boxed{…}` whose braces balance (escaped `\\{ \\}`
-do not count); else `none`, graded wrong.
+Extraction (lib/extract.py, linear in the completion): the last `Answer:` line, else the last `\\boxed{…}`, else
+`none` (graded wrong). A prose Answer: line ("Answer: The answer is 9") falls back to its leading answer, then the
+last box, then math-verify's own extraction of the line; `decided_by` names the path whose answer was graded.
 
-Verification (in a worker process): `verify(parse(gold), parse(pred))`, gold first, each wrapped as `\\boxed{…}` so
-math-verify's top-priority LaTeX extractor takes the whole string. On a miss both sides are `clean`ed and tried
-again. `verify_method` names the attempt that matched; on a miss, the last attempt where both sides parsed to
-sympy, else 'failed'.
+Verification: `verify(parse(gold), parse(pred))`, gold first, each wrapped as `\\boxed{…}` so math-verify's
+top-priority LaTeX extractor takes the whole string. On a miss both sides are `clean`ed and tried again.
+`verify_method` names the attempt that matched; on a miss, the last attempt where both sides parsed to sympy, else
+'failed'. A candidate decides when it matches or parses to a different expression; one that does not parse hands
+over to the next path.
 
 Time bound: sympy can run for ever (`9^{9^{9^{9^9}}}`), and math-verify's own timeouts use SIGALRM, which works only
-on a main thread. So math-verify runs with its timeouts off in long-lived worker subprocesses (JSON lines over
-stdin/stdout; plain subprocesses, so they start from threads, torchrun ranks and daemonic pool workers alike).
-One item is in flight per worker and the caller waits at most `timeout_s` for the reply; a worker that overruns
-is killed and replaced, and the item is graded wrong with reason 'timeout'. `grade` is thread-safe; `grade_many`
-keeps `workers` items in flight from a thread pool and preserves order.
+on a main thread. So the whole grading of an item (extraction included) runs in long-lived worker subprocesses
+(JSON lines over stdin/stdout; plain subprocesses, so they start from threads, torchrun ranks and daemonic pool
+workers alike). The bound is the worker's CPU time (`timeout_s`, read from /proc), so a verdict does not depend on
+how busy the machine is; a worker starved of CPU is still cut off after `WALL_CAP_FACTOR × timeout_s` of wall clock.
+An overrunning worker is killed and replaced, and the item is graded wrong with reason 'timeout' (its `cpu_s` and
+`wall_s` say which bound hit). Workers die with their caller: PR_SET_PDEATHSIG (they are started from one pool
+thread that lives as long as the process) plus a parent-pid check. `grade` is thread-safe; `grade_many` keeps
+`workers` items in flight from a thread pool and preserves order.
 """
 from __future__ import annotations
 
 import atexit
 import json
 import os
-import re
 import select
 import subprocess
 import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-TIMEOUT_S = 5.0          # wall-clock bound on verifying one item (both attempts), worker start-up excluded
+from lib.extract import extract_answer  # callers (01_gates) count extractors through lib.grading
+
+TIMEOUT_S = 5.0          # CPU-time bound on grading one item (all paths, both attempts each), worker start-up excluded
+WALL_CAP_FACTOR = 6.0    # ... and a wall-clock cap for a worker that gets no CPU at all
 START_TIMEOUT_S = 120.0  # a worker must import sympy + math-verify and answer a warm-up item within this
 
 
@@ -42,186 +47,57 @@ START_TIMEOUT_S = 120.0  # a worker must import sympy + math-verify and answer a
 class Grade:
     correct: bool
     extracted: str | None
-    extractor: str        # 'answer_line' | 'boxed' | 'none'
+    extractor: str        # 'answer_line' | 'boxed' | 'none': the primary extractor
     verify_method: str    # 'math_verify' | 'math_verify_cleaned' | 'failed'
     reason: str | None    # None when correct; else 'no answer extracted' | 'timeout' | 'parse failed' | ...
+    decided_by: str = "none"   # 'answer_line' | 'answer_line_lead' | 'boxed' | 'math_verify_line' | 'none'
+    cpu_s: float | None = field(default=None, compare=False)    # worker CPU / wall seconds spent on the item
+    wall_s: float | None = field(default=None, compare=False)
 
     def as_dict(self) -> dict:
         return asdict(self)           # a samples.jsonl row stores `reason` as "grade_reason"
 
 
-# --- extraction ---
-
-_ANSWER_LINE = re.compile(r"^[\s>#*_]*(?:final\s+)?answer\s*[*_]*\s*:\s*[*_]*(.*)$", re.IGNORECASE)
-_BOXED = re.compile(r"\\boxed\b")
-
-
-def _balanced(text: str, i: int) -> str | None:
-    """Content of the brace group opening at text[i] == '{', or None if it never closes (a truncated sample)."""
-    depth, j = 0, i
-    while j < len(text):
-        c = text[j]
-        if c == "\\":
-            j += 2            # \{ \} \\ are escapes, not grouping
-            continue
-        if c == "{":
-            depth += 1
-        elif c == "}":
-            depth -= 1
-            if depth == 0:
-                return text[i + 1:j]
-        j += 1
-    return None
-
-
-def last_boxed(text: str) -> str | None:
-    """Content of the last `\\boxed{…}` with balanced braces (or `\\boxed 5`), else None."""
-    for m in reversed(list(_BOXED.finditer(text))):
-        rest = text[m.end():]
-        stripped = rest.lstrip()
-        if stripped.startswith("{"):
-            content = _balanced(text, m.end() + len(rest) - len(stripped))
-        elif rest[:1].isspace():
-            content = re.match(r"[^\s$]*", stripped).group(0)      # `\boxed 5`: up to the next space or `$`
-        else:
-            continue
-        if content and content.strip():
-            return content.strip()
-    return None
-
-
-def _strip_delimiters(s: str) -> str:
-    """`$5$`, `\\(5\\)`, `\\[5\\]`, `**5**` -> `5`. An escaped `\\$` (a dollar amount) is kept."""
-    s = re.sub(r"(?<!\\)\$", "", s).strip().strip("*").strip()
-    for left, right in (("\\(", "\\)"), ("\\[", "\\]")):
-        if s.startswith(left) and s.endswith(right):
-            s = s[2:-2].strip()
-    return s
-
-
-def extract_answer(completion: str) -> tuple[str | None, str]:
-    """(extracted answer, extractor) of a completion; (None, 'none') when it holds no answer."""
-    lines = completion.splitlines()
-    for i in range(len(lines) - 1, -1, -1):
-        m = _ANSWER_LINE.match(lines[i])
-        if not m:
-            continue
-        content = m.group(1).strip()
-        if not _strip_delimiters(content):       # "Answer:" alone: the answer is the next paragraph
-            content = " ".join("\n".join(lines[i + 1:]).strip().split("\n\n")[0].split("\n"))
-        boxed = last_boxed(content)
-        content = _strip_delimiters(boxed if boxed is not None else content)
-        if content:
-            return content, "answer_line"
-    boxed = last_boxed(completion)
-    if boxed is not None:
-        return boxed, "boxed"
-    return None, "none"
-
-
-# --- verification (runs inside a worker) ---
-
-def clean(s: str) -> str:
-    """The retry form of an answer: no `$`, `\\text{}` wrappers, units, degrees, percent, thousands separators,
-    `\\left`/`\\right`, `\\dfrac`, trailing period. Lists `1, 2, 3` and tuples `(1,2)` keep their commas."""
-    s = re.sub(r"(?<!\\)\$", "", s).replace("\\$", "")
-    s = re.sub(r"\\mbox\s*\{[^{}]*\}(?:\^\{?\d\}?)?", "", s)                  # units: 864 \mbox{ inches}^2
-    s = re.sub(r"\\(?:text|textbf|textrm|mathrm|mathbf)\s*\{([^{}]*)\}", r"\1", s)
-    s = re.sub(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|\\circ|°", "", s)
-    s = s.replace("\\%", "").replace("%", "")
-    s = re.sub(r"\\[dt]frac", r"\\frac", s)
-    s = re.sub(r"\\(?:left|right)(?:\.|(?![a-zA-Z]))", "", s)
-    s = s.replace("\\displaystyle", "")
-    # thousands separators between a digit and exactly three more: 10,\!080  10{,}080  10\,080  10\ 080
-    s = re.sub(r"(\d)(?:,\s*\\!|\{,\}|\\[,;: ])\s*(?=\d{3}(?!\d))", r"\1", s)
-    s = s.replace("\\!", "")
-    if re.fullmatch(r"\s*-?\d{1,3}(?:,\d{3})+(?:\.\d+)?\s*", s):            # the whole answer is 1,000 or 1,234.5
-        s = s.replace(",", "")
-    s = s.strip().strip("*").strip()
-    while s.endswith("."):                                                     # trailing period
-        s = s[:-1].rstrip()
-    return s
-
-
-def _parse(s: str) -> list:
-    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse
-    config = [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
-    return parse("\\boxed{" + s + "}", extraction_config=config, parsing_timeout=None)   # None: no SIGALRM
-
-
-def verify_answer(pred: str, gold: str) -> tuple[bool, str, str | None]:
-    """(correct, verify_method, reason) of an extracted answer. Unbounded in time: call it through `grade`."""
-    from math_verify import verify
-    from sympy import Basic, MatrixBase
-
-    def has_expr(parsed):                     # parse() falls back to the raw string when sympy parsing fails
-        return any(isinstance(x, (Basic, MatrixBase)) for x in parsed)
-
-    attempts = [("math_verify", gold, pred)]
-    if (clean(gold), clean(pred)) != (gold, pred):
-        attempts.append(("math_verify_cleaned", clean(gold), clean(pred)))
-    parsed_method, gold_parsed = None, False
-    for method, g, p in attempts:
-        gold_p, pred_p = _parse(g), _parse(p)
-        if verify(gold_p, pred_p, timeout_seconds=None):
-            return True, method, None
-        gold_parsed |= has_expr(gold_p)
-        if has_expr(gold_p) and has_expr(pred_p):
-            parsed_method = method
-    if parsed_method:
-        return False, parsed_method, "not equivalent"
-    return False, "failed", "parse failed" if gold_parsed else "gold parse failed"
-
-
-def _worker_main() -> None:
-    """Worker loop: one JSON request per stdin line -> one JSON reply per line on the real stdout."""
-    import logging
-    import signal
-    signal.signal(signal.SIGINT, signal.SIG_IGN)          # Ctrl-C is the parent's business
-    out = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)                                         # stray prints go to stderr, not into the protocol
-    sys.stdout = sys.stderr
-    logging.getLogger("math_verify").setLevel(logging.ERROR)   # "timeout disabled" is by design here
-    parent = os.getppid()
-
-    def orphan_watch():                                   # a stuck worker whose parent died exits too
-        while os.getppid() == parent:
-            time.sleep(1.0)
-        os._exit(1)
-    threading.Thread(target=orphan_watch, daemon=True).start()
-    verify_answer("\\frac{1}{2}", "0.5")                  # warm-up: imports, regex and parser caches
-    out.write("ready\n")
-    out.flush()
-    for line in sys.stdin:
-        req = json.loads(line)
-        try:
-            correct, method, reason = verify_answer(req["pred"], req["gold"])
-        except Exception as e:                            # math-verify swallows most errors; this is the rest
-            correct, method, reason = False, "failed", f"error: {type(e).__name__}"
-        out.write(json.dumps({"correct": correct, "verify_method": method, "reason": reason}) + "\n")
-        out.flush()
-
-
 # --- the worker pool ---
 
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of a process from /proc (None where there is no /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()       # after "(comm)": state is field 3, utime 14, stime 15
+        return (int(fields[11]) + int(fields[12])) / _TICK
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 class _Worker:
-    """A grading subprocess. `call` returns its reply, None on overrun; raises EOFError if it died."""
+    """A grading subprocess. `call` returns (reply, cpu_s, wall_s), reply None on overrun; EOFError if it died."""
 
     def __init__(self):
         root = str(Path(__file__).resolve().parents[1])
-        code = f"import sys; sys.path.insert(0, {root!r}); from lib.grading import _worker_main; _worker_main()"
+        code = (f"import sys; sys.path.insert(0, {root!r}); from lib.verify import worker_main; "
+                f"worker_main({os.getpid()})")
         self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        self.ready = False
+        self.ready, self.buf = False, b""
 
     def _readline(self, timeout: float) -> bytes | None:
-        if not select.select([self.proc.stdout], [], [], timeout)[0]:
-            return None
-        line = self.proc.stdout.readline()
-        if not line:
-            raise EOFError(f"grading worker {self.proc.pid} exited with code {self.proc.poll()}")
+        """One line within `timeout` seconds, else None (own buffer: select() cannot see Python's)."""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.buf:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.proc.stdout], [], [], left)[0]:
+                return None
+            chunk = os.read(self.proc.stdout.fileno(), 1 << 16)
+            if not chunk:
+                raise EOFError(f"grading worker {self.proc.pid} exited with code {self.proc.poll()}")
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
         return line
 
-    def call(self, request: dict, timeout: float) -> dict | None:
+    def call(self, request: dict, timeout: float):
         self.sent = False                                 # True once this request is in the worker's hands
         if not self.ready:
             try:
@@ -232,11 +108,21 @@ class _Worker:
                 raise RuntimeError(f"grading worker {self.proc.pid} did not start within {START_TIMEOUT_S:.0f} s; "
                                    f"see its stderr above and check that `{sys.executable} -c 'import math_verify'` works")
             self.ready = True
+        cpu0, t0 = cpu_seconds(self.proc.pid), time.monotonic()
         self.proc.stdin.write((json.dumps(request) + "\n").encode())
         self.proc.stdin.flush()
-        self.sent = True
-        line = self._readline(timeout)
-        return None if line is None else json.loads(line)
+        self.sent, reply = True, {}
+        while True:
+            wall = time.monotonic() - t0
+            cpu_now = cpu_seconds(self.proc.pid) if cpu0 is not None else None
+            cpu = wall if cpu_now is None else cpu_now - cpu0      # no /proc: the bound is wall clock
+            if cpu >= timeout or wall >= WALL_CAP_FACTOR * timeout:
+                return (reply or None), cpu, wall                 # no verdict: the caller kills this worker
+            line = self._readline(max(0.01, min(timeout - cpu, WALL_CAP_FACTOR * timeout - wall)))
+            if line is not None:
+                reply = reply | json.loads(line)
+                if "correct" in reply:
+                    return reply, cpu, time.monotonic() - t0
 
     def kill(self):
         self.proc.kill()
@@ -244,7 +130,8 @@ class _Worker:
 
 
 class _Pool:
-    """Idle workers on a stack; at most `max_workers` alive; one spawned eagerly for each one killed."""
+    """Idle workers on a stack; at most `max_workers` alive; one spawned eagerly for each one killed. Workers are
+    started from one long-lived thread: PR_SET_PDEATHSIG fires when the *thread* that started a worker exits."""
 
     def __init__(self):
         self.max_workers = default_workers()
@@ -255,6 +142,13 @@ class _Pool:
         self.cond = threading.Condition()
         self.idle: list[_Worker] = []
         self.alive = 0
+        self.spawner = ThreadPoolExecutor(1, thread_name_prefix="grading-spawner")
+
+    def spawn(self) -> _Worker:
+        try:
+            return self.spawner.submit(_Worker).result()
+        except RuntimeError:                       # interpreter shutting down: start it from this thread
+            return _Worker()
 
     def checkout(self) -> _Worker:
         with self.cond:
@@ -265,7 +159,7 @@ class _Pool:
                 return self.idle.pop(ready[-1] if ready else -1)
             self.alive += 1
         try:
-            return _Worker()
+            return self.spawn()
         except BaseException:                      # could not even start a process: give the slot back
             with self.cond:
                 self.alive -= 1
@@ -281,7 +175,7 @@ class _Pool:
         """Kill `w`; its replacement starts importing now, off the clock of whoever needs it next."""
         w.kill()
         if respawn:
-            return self.checkin(_Worker())
+            return self.checkin(self.spawn())
         with self.cond:
             self.alive -= 1
             self.cond.notify()
@@ -306,28 +200,38 @@ shutdown = _POOL.shutdown    # kill idle workers now (they are restarted on dema
 
 # --- public entry points ---
 
-def grade(completion: str, gold: str, timeout_s: float = TIMEOUT_S) -> Grade:
-    """Grade one completion against its gold answer, never taking much more than `timeout_s` of verification."""
-    extracted, extractor = extract_answer(completion)
-    if extracted is None:
-        return Grade(False, None, "none", "failed", "no answer extracted")
+def gold_text(gold, item: str = "item") -> str:
+    """A gold answer as the grader reads it; None (or a non-scalar) is an error, never the string "None"."""
+    if isinstance(gold, bool) or not isinstance(gold, (str, int, float)):
+        raise ValueError(f"{item}: gold answer is {gold!r}, not a string or number; every graded row needs an "
+                         f"'answer' — fix the data file or drop the row")
+    return str(gold)
+
+
+def grade(completion: str, gold, timeout_s: float = TIMEOUT_S) -> Grade:
+    """Grade one completion against its gold answer within `timeout_s` of worker CPU time."""
+    request = {"completion": completion, "gold": gold_text(gold)}
     while True:
         w = _POOL.checkout()
         try:
-            reply = w.call({"pred": extracted, "gold": str(gold)}, timeout_s)
+            reply, cpu, wall = w.call(request, timeout_s)
         except (BrokenPipeError, EOFError):
             _POOL.replace(w)
             if not w.sent:                                # found dead before the item reached it: try another
                 continue
-            return Grade(False, extracted, extractor, "failed", "worker crashed")
+            extracted, extractor = extract_answer(completion)
+            return Grade(False, extracted, extractor, "failed", "worker crashed", extractor)
         except BaseException:                             # start-up failure, Ctrl-C mid-item: don't reuse it
             _POOL.replace(w, respawn=False)
             raise
-        if reply is None:
+        cpu, wall = round(cpu, 3), round(wall, 3)
+        if reply is None or "correct" not in reply:
             _POOL.replace(w)
-            return Grade(False, extracted, extractor, "failed", "timeout")
+            extracted, extractor = (reply or {}).get("extracted"), (reply or {}).get("extractor", "none")
+            return Grade(False, extracted, extractor, "failed", "timeout", extractor, cpu, wall)
         _POOL.checkin(w)
-        return Grade(reply["correct"], extracted, extractor, reply["verify_method"], reply["reason"])
+        return Grade(reply["correct"], reply["extracted"], reply["extractor"], reply["verify_method"],
+                     reply["reason"], reply["decided_by"], cpu, wall)
 
 
 def grade_many(pairs, workers: int | None = None, progress: bool | str = True,
@@ -335,7 +239,7 @@ def grade_many(pairs, workers: int | None = None, progress: bool | str = True,
     """Grade [(completion, gold), ...] with `workers` items in flight; results in input order. A string `progress`
     is the bar's label."""
     from tqdm import tqdm
-    pairs = list(pairs)
+    pairs = [(c, gold_text(g, f"grade_many item {i}")) for i, (c, g) in enumerate(pairs)]
     workers = workers or default_workers()
     with _POOL.cond:
         _POOL.max_workers = max(_POOL.max_workers, workers)

@@ -1,12 +1,17 @@
-"""04_eval.py end to end on the toy world: a unit's contents, --skip-if-exists, refusal of a different config,
-detection of a corrupted generations file, resume from a partial file, and the context gate."""
+"""04_eval.py end to end on the toy world: a unit's numbers recomputed from its own rows, --skip-if-exists, refusal of
+a different config (and its own messages for a tampered or unsealed checkpoint and for two benchmark files with one
+stem), detection of a corrupted generations file, resume from a partial file, and the context gate."""
 import json
+import shutil
+from collections import Counter
 
+import numpy as np
 import pytest
 
 from helpers import run_script
-from lib import toy
-from lib.artifacts import read_json, read_jsonl, verify_dir
+from lib import registry, toy
+from lib.artifacts import read_json, read_jsonl, verify_dir, write_manifest
+from lib.toy_task import extract_int
 
 pytestmark = pytest.mark.e2e
 
@@ -32,21 +37,62 @@ def test_unit_contents(world, tmp_path):
     assert len(rows) == 24 and {r["seed"] for r in rows} == {0, 1, 2, 3}
     assert scores["n_problems"] == 6 and scores["seeds"] == [0, 1, 2, 3]
     assert scores["deviations"] and "limit-problems: 6" in scores["deviations"][0]
-    per_problem = {}
-    for r in rows:
-        per_problem.setdefault(r["problem_id"], []).append(r["correct"])
-    acc = 100 * sum(sum(v) / len(v) for v in per_problem.values()) / len(per_problem)
-    assert scores["accuracy"] == pytest.approx(acc)
-    lo, hi = scores["accuracy_ci95"]
-    assert lo <= scores["accuracy"] <= hi
+    check_numbers_against_rows(scores, rows)
+    gold = {r["id"]: int(r["answer"]) for r in registry.load_benchmark("toy")[0]}
+    for r in rows:                       # every verdict agrees with the toy's own integer rule, graded independently
+        assert r["correct"] == (extract_int(r["completion"]) == gold[r["problem_id"]]), r
     prov = scores["provenance"]
     assert prov["rendered_tail_example"].endswith("<|im_start|>assistant\n")
     assert len(prov["chat_template_sha256"]) == 64 and prov["generation"]["temperature"] == 0.7
     assert prov["model"]["resolved_revision"].startswith("toy:")
-    for r in rows:                       # every row carries what SPEC §5 lists
+    for r in rows:                       # every row carries what DESIGN.md §5 lists
         assert set(r) >= {"problem_id", "seed", "pass", "completion", "n_tokens", "truncated", "extractor",
                           "extracted", "correct", "verify_method"}
         assert not r["truncated"] or r["n_tokens"] == scores["max_new_tokens"]
+
+
+def check_numbers_against_rows(scores, rows):
+    """Every number of scores.json recomputed here from the unit's own per-sample verdicts, not by lib/units.py."""
+    order = list(dict.fromkeys(r["problem_id"] for r in rows))          # problems in the order the rows hold them
+    acc_P = np.array([np.mean([r["correct"] for r in rows if r["problem_id"] == p]) for p in order])
+    assert scores["n_problems"] == len(order) and scores["n_samples"] == len(rows)
+    assert scores["accuracy"] == pytest.approx(100 * acc_P.mean())
+    # the CI: 10,000 resamples of problems from default_rng(42) (DESIGN.md §6), percentiles 2.5 / 97.5
+    idx_BP = np.random.default_rng(42).integers(0, len(order), size=(10_000, len(order)))
+    lo, hi = np.percentile(100 * acc_P[idx_BP].mean(axis=1), [2.5, 97.5])
+    assert scores["accuracy_ci95"] == pytest.approx([lo, hi])
+    assert scores["truncation_rate"] == pytest.approx(np.mean([r["truncated"] for r in rows]))
+    assert scores["mean_tokens"] == pytest.approx(np.mean([r["n_tokens"] for r in rows]))
+    ext = Counter(r["extractor"] for r in rows)
+    assert scores["extractor_split"] == pytest.approx({e: ext[e] / len(rows) for e in ("answer_line", "boxed", "none")})
+    g = scores["grading"]
+    assert g["decided_by"] == dict(Counter(r["decided_by"] for r in rows))
+    timeouts = [(r["problem_id"], r["seed"]) for r in rows if r["grade_reason"] == "timeout"]
+    assert g["n_timeouts"] == len(timeouts) == len(g["timeouts"])
+    assert [(t["problem_id"], t["seed"]) for t in g["timeouts"]] == timeouts
+
+
+def test_summarize_on_synthetic_rows():
+    """The same recomputation on 40 problems of varied accuracy (the toy unit's 6 problems are too coarse for the CI
+    percentiles to show; seeds per problem vary so the means are not on a coarse grid), with truncations, both
+    extractors, fallback paths and two timeouts."""
+    from lib.grading import Grade
+    from lib.units import grading_summary, summarize
+    rng = np.random.default_rng(0)
+    rows, grades = [], []
+    for p in range(40):
+        for seed in range(1 + (p * 5) % 11):
+            timeout = (p, seed) in {(3, 1), (17, 0)}
+            g = Grade(bool(rng.random() < p / 40) and not timeout, "1", "boxed" if p % 5 == 0 else "answer_line",
+                      "math_verify", "timeout" if timeout else None, "math_verify_line" if p % 7 == 0 else "answer_line",
+                      5.0 if timeout else 0.01, 5.3 if timeout else 0.02)
+            grades.append(g)
+            rows.append({"problem_id": f"q{(p * 13) % 40:02d}", "seed": seed, "correct": g.correct,
+                         "truncated": bool(rng.random() < 0.2) or not rows, "n_tokens": int(rng.integers(10, 500)),
+                         "extractor": g.extractor, "decided_by": g.decided_by, "grade_reason": g.reason})
+    scores = summarize(rows) | {"grading": grading_summary(rows, grades, 5.0)}
+    check_numbers_against_rows(scores, rows)
+    assert scores["grading"]["timeouts"][0] == {"problem_id": "q39", "seed": 1, "cpu_s": 5.0, "wall_s": 5.3}
 
 
 def test_skip_refuse_and_corruption(world, tmp_path):
@@ -62,6 +108,7 @@ def test_skip_refuse_and_corruption(world, tmp_path):
     p = run(f"--run-dir={tmp_path}", "--model=toy-post", "--benchmark=toy", "--protocol=greedy",
             "--limit-problems=4", "--alias=u", "--skip-if-exists", check=False)
     assert p.returncode != 0 and "different configuration" in p.stderr and "refusing to overwrite" in p.stderr
+    assert "(model differ;" in p.stderr and "Traceback" not in p.stderr
 
     text = (u / "samples.jsonl").read_text()
     (u / "samples.jsonl").write_text(text + "\n")      # one extra byte: still valid JSONL, only the hash can tell
@@ -94,3 +141,58 @@ def test_context_gate_refuses_with_numbers(world, tmp_path):
             "--max-new-tokens=100000", check=False)
     assert p.returncode != 0
     assert "context gate" in p.stderr and "max_position_embeddings 512" in p.stderr and "100000" in p.stderr
+
+
+# --- the evaluated model and the benchmark file: their own refusals ---
+
+def fake_checkpoint(run_dir, seal=True):
+    """train/fake/step_000001: toy π_pre's files as a training run writes them, sealed by the run's manifest."""
+    run = run_dir / "train" / "fake"
+    step = run / "step_000001"
+    shutil.copytree(registry.resolve_model("toy-pre").path, step)
+    (step / "checkpoint.json").write_text(json.dumps({"run": "fake", "step": 1, "student_init": "toy-pre"}))
+    if seal:
+        write_manifest(run, stage="03_opd_train", script=__file__, args={}, inputs={}, outputs=["step_000001"],
+                       started="", wall_s=0.0)
+    return step
+
+
+def test_checkpoint_is_verified_against_its_run_manifest(world, tmp_path):
+    step = fake_checkpoint(tmp_path)
+    args = [f"--run-dir={tmp_path}", f"--model={step}", "--benchmark=toy", "--protocol=greedy", "--limit-problems=2"]
+    run(*args)
+    u = unit(tmp_path, "fake-step1_sub2")
+    assert read_json(u / "scores.json")["provenance"]["model"]["sealed_by"] == str(tmp_path / "train/fake/manifest.json")
+    weights = next(step.glob("*.safetensors"))
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1                                                       # one flipped bit in the weights
+    weights.write_bytes(bytes(data))
+    p = run(*args, "--skip-if-exists", check=False)
+    err = p.stderr.strip().splitlines()
+    assert p.returncode != 0 and len(err) == 1, p.stderr                # one line ...
+    assert f"{weights.name} has sha256" in err[0] and "checkpoint changed after 03_opd_train" in err[0]   # ... naming it
+    assert "different configuration" not in p.stderr
+
+
+def test_unsealed_checkpoint_and_added_file_are_refused(world, tmp_path):
+    step = fake_checkpoint(tmp_path / "a", seal=False)
+    p = run(f"--run-dir={tmp_path / 'a'}", f"--model={step}", "--benchmark=toy", "--protocol=greedy",
+            "--limit-problems=2", check=False)
+    assert p.returncode != 0 and "is not sealed" in p.stderr and "--resume" in p.stderr, p.stderr
+    step = fake_checkpoint(tmp_path / "b")
+    (step / "extra.json").write_text("{}")
+    p = run(f"--run-dir={tmp_path / 'b'}", f"--model={step}", "--benchmark=toy", "--protocol=greedy",
+            "--limit-problems=2", check=False)
+    assert p.returncode != 0 and "extra.json is not listed in" in p.stderr, p.stderr
+
+
+def test_two_benchmark_files_with_one_stem(world, tmp_path):
+    rows = registry.load_benchmark("toy")[0]
+    for sub, part in (("a", rows[:2]), ("b", rows[2:4])):
+        (tmp_path / sub).mkdir()
+        (tmp_path / sub / "bench.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
+    common = [f"--run-dir={tmp_path / 'run'}", "--model=toy-pre", "--protocol=greedy"]
+    run(*common, f"--benchmark={tmp_path / 'a' / 'bench.jsonl'}")
+    p = run(*common, f"--benchmark={tmp_path / 'b' / 'bench.jsonl'}", "--skip-if-exists", check=False)
+    assert p.returncode != 0 and "another benchmark file with the stem 'bench'" in p.stderr, p.stderr
+    assert "different configuration" not in p.stderr

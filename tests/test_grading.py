@@ -1,5 +1,7 @@
-"""Tests of lib/grading.py (SPEC §5): extraction, math-verify equivalence on every MATH-500 answer shape, the real
-benchmarks' gold answers (self-match and cross-problem mismatch), the time bound, and thread/process safety."""
+"""Tests of lib/grading.py (DESIGN.md §5): extraction (more in test_extract.py), math-verify equivalence on every
+MATH-500 answer shape, the real benchmarks' gold answers (self-match and cross-problem mismatch), prose fallbacks and
+what decided, the CPU-time bound (a starved worker is no timeout; the wall cap), adversarial inputs on a loaded
+machine, workers dying with a killed caller, and thread/process safety."""
 import json
 import multiprocessing
 import os
@@ -14,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from lib import grading
-from lib.grading import TIMEOUT_S, Grade, clean, extract_answer, grade, grade_many
+from lib.extract import clean, extract_answer
+from lib.grading import TIMEOUT_S, Grade, grade, grade_many
 from lib.registry import data_dir
 
 BENCHMARKS = ("math500", "aime24", "aime25")
@@ -134,9 +137,54 @@ def test_cleaned_retry_is_recorded(hand_grades):
 
 def test_no_answer_and_unparseable():
     assert grade("I am not sure.", "5") == Grade(False, None, "none", "failed", "no answer extracted")
-    assert grade("Answer: @@@", "5").as_dict() == {"correct": False, "extracted": "@@@", "extractor": "answer_line",
-                                                   "verify_method": "failed", "reason": "parse failed"}
+    d = grade("Answer: @@@", "5").as_dict()
+    assert d.pop("cpu_s") < TIMEOUT_S and d.pop("wall_s") < TIMEOUT_S * grading.WALL_CAP_FACTOR
+    assert d == {"correct": False, "extracted": "@@@", "extractor": "answer_line", "verify_method": "failed",
+                 "reason": "parse failed", "decided_by": "answer_line"}
     assert grade("Answer: 5", "").reason == "gold parse failed"
+
+
+def test_extraction_runs_in_the_worker(monkeypatch):
+    """The caller never extracts (a stall there would escape the bound): broken in the caller, grading still works."""
+    def broken(*_):
+        raise AssertionError("extraction ran in the calling process")
+    monkeypatch.setattr(grading, "extract_answer", broken)
+    r = grade("Answer: The answer is $\\frac{1}{2}$.", "0.5")
+    assert (r.correct, r.extractor, r.decided_by, r.extracted) == (True, "answer_line", "math_verify_line", "\\frac{1}{2}")
+
+
+def test_none_gold_is_an_error_naming_the_item():
+    with pytest.raises(ValueError, match="grade_many item 1: gold answer is None"):
+        grade_many([("Answer: 1", "1"), ("Answer: None", None)], progress=False)
+    with pytest.raises(ValueError, match="gold answer is None"):
+        grade("Answer: None", None)
+    assert grade("Answer: 7", 7).correct                            # an integer gold (AIME) is its digits
+
+
+# --- prose on the Answer line, lists, whitespace, drafts: (gold, completion, correct, decided_by) by hand ---
+
+FALLBACK_CASES = [
+    ("9", "Answer: The answer is 9", True, "math_verify_line"),
+    ("9", "Answer: $9$ (the smallest such $n$)", True, "answer_line_lead"),
+    ("9", "Answer: 9. This follows from the parity argument.", True, "answer_line_lead"),
+    ("[2,5)", "so \\boxed{[2,5)}.\n\nFinal Answer: The final answer is $[2,5)$. I hope it is correct.", True, "boxed"),
+    ("[2,5)", "Final Answer: The final answer is $[2,5)$. I hope it is correct.", True, "math_verify_line"),
+    ("7", "Answer: The answer is 9", False, "math_verify_line"),     # the fallback reads 9: still wrong
+    ("9", "Answer: $4$ (or maybe $9$)", False, "answer_line_lead"),  # a hedge: the leading answer decides
+    ("9", "Answer: 4\nso \\boxed{9}", False, "answer_line"),         # a plain line is never overruled by a box
+    ("\\text{4:30 p.m.}", "Answer: 4:30 \\text{ p.m.}", True, "answer_line"),
+    ("-2, 1", "So $x = \\boxed{-2}$, $\\boxed{1}$.", True, "boxed"),
+    ("-2, 1", "\\boxed{1}", False, "boxed"),
+    ("4", "<think>\nAnswer: 3\n</think>\nThe total is \\boxed{4}.", True, "boxed"),
+    ("4", "```\nAnswer: 3\n```\nSo \\boxed{4}.", True, "boxed"),
+]
+
+
+def test_fallback_paths_and_what_decided():
+    got = grade_many([(c, g) for g, c, _, _ in FALLBACK_CASES], progress=False)
+    wrong = [(g, c, want, path, r) for (g, c, want, path), r in zip(FALLBACK_CASES, got)
+             if (r.correct, r.decided_by) != (want, path)]
+    assert not wrong, "\n".join(f"gold {g!r} vs {c!r}: want {w} by {p}, got {r}" for g, c, w, p, r in wrong)
 
 
 # --- the real benchmarks ---
@@ -211,15 +259,17 @@ def test_timeout_is_bounded_and_the_pool_recovers():
     grade("Answer: 1", "1")                                        # a started worker, so start-up is off the clock
     # unbounded, the same check runs past the bound: run it in a bare process for TIMEOUT_S + 2 s (1 s of imports)
     t_bare = time.time()
-    bare = subprocess.Popen([sys.executable, "-c", f"from lib.grading import verify_answer; "
+    bare = subprocess.Popen([sys.executable, "-c", f"from lib.verify import verify_answer; "
                              f"verify_answer({ADVERSARIAL!r}, '1')"], cwd=Path(grading.__file__).resolve().parents[1],
                             stderr=subprocess.DEVNULL)
     pids_before = {w.proc.pid for w in grading._POOL.idle}
     t0 = time.time()
     r = grade(f"Answer: {ADVERSARIAL}", "1")
     elapsed = time.time() - t0
-    assert (r.correct, r.reason, r.extracted) == (False, "timeout", ADVERSARIAL)
-    assert TIMEOUT_S - 0.1 < elapsed < TIMEOUT_S + 1.0, elapsed
+    assert (r.correct, r.reason, r.extracted, r.extractor) == (False, "timeout", ADVERSARIAL, "answer_line")
+    cap = TIMEOUT_S * grading.WALL_CAP_FACTOR
+    assert r.cpu_s < TIMEOUT_S + 0.5 and (r.cpu_s >= TIMEOUT_S or r.wall_s >= cap), r   # the worker's CPU time ...
+    assert TIMEOUT_S - 0.1 < elapsed < cap + 1.0, elapsed          # ... or, on a starved machine, the wall cap
     killed = pids_before - {w.proc.pid for w in grading._POOL.idle}
     assert len(killed) == 1                                        # the stuck worker was replaced ...
     with pytest.raises(ProcessLookupError):
@@ -235,12 +285,127 @@ def test_timeout_is_bounded_and_the_pool_recovers():
     finally:
         bare.kill()
         bare.wait()
-    print(f"\ntimeout returned after {elapsed:.2f} s (bound {TIMEOUT_S} s); next call {after:.2f} s")
+    print(f"\ntimeout returned after {elapsed:.2f} s (bound {TIMEOUT_S} s CPU, {r.cpu_s} s used); next call {after:.2f} s")
     assert after < TIMEOUT_S
+
+
+def _stop_idle_workers_for(seconds: float) -> list[int]:
+    """SIGSTOP every idle grading worker (ours, by pid) and SIGCONT them after `seconds`: a starved machine."""
+    pids = [w.proc.pid for w in grading._POOL.idle]
+    for pid in pids:
+        os.kill(pid, 19)                                           # SIGSTOP
+
+    def resume():
+        for pid in pids:
+            try:
+                os.kill(pid, 18)                                   # SIGCONT
+            except ProcessLookupError:                             # killed as overrunning meanwhile
+                pass
+    threading.Timer(seconds, resume).start()
+    return pids
+
+
+def test_a_starved_worker_is_not_a_timeout():
+    """Under load an item waits for CPU; its verdict must not change. A wall-clock bound of 1 s would time it out."""
+    grade_many([("Answer: 1", "1")] * 2, workers=2, progress=False)
+    _stop_idle_workers_for(2.5)
+    t0 = time.time()
+    r = grade("Answer: \\frac{1}{2}", "0.5", timeout_s=1.0)
+    assert time.time() - t0 > 2.0                                  # it really waited on a stopped worker
+    assert (r.correct, r.reason) == (True, None) and r.cpu_s < 1.0 and r.wall_s > 2.0, r
+
+
+def test_a_worker_without_cpu_is_cut_at_the_wall_cap():
+    grade_many([("Answer: 1", "1")] * 2, workers=2, progress=False)
+    cap = 0.5 * grading.WALL_CAP_FACTOR
+    _stop_idle_workers_for(cap + 2.0)
+    t0 = time.time()
+    r = grade("Answer: 3", "3", timeout_s=0.5)
+    elapsed = time.time() - t0
+    assert (r.correct, r.reason, r.extracted) == (False, "timeout", None) and r.cpu_s < 0.5, r
+    assert cap - 0.1 < elapsed < cap + 1.0, elapsed
+    time.sleep(2.5)                                                # the replaced ones resume and are killed by then
+
+
+def test_adversarial_inputs_return_within_the_bound_on_a_loaded_machine():
+    from test_extract import ADVERSARIAL as LOOPING
+    grade("Answer: 1", "1")
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        took = {}
+        for name, text in LOOPING.items():
+            t0 = time.time()
+            r = grade(text + "\n" + "Answer: 9", "9")             # the item's own answer comes after the loop
+            took[name] = time.time() - t0
+            assert r.correct and r.reason is None, (name, r)
+        assert max(took.values()) < TIMEOUT_S + 1.0, took
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+    print("\nunder 2 CPU hogs, seconds per item: " + ", ".join(f"{k} {v:.2f}" for k, v in took.items()))
+
+
+CALLER = f"""
+import sys, threading
+from lib import grading
+threading.Thread(target=grading.grade, args=({"Answer: " + ADVERSARIAL!r}, "1", 600.0), daemon=True).start()
+print("grading", flush=True)
+threading.Event().wait()
+"""
+
+
+def _children(ppid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(stat[1]) == ppid:
+                out.append(int(d.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("sig", [9, 15])
+def test_workers_die_with_a_killed_caller(sig):
+    """A caller killed (SIGKILL / SIGTERM) while its worker is stuck on a power tower leaves no worker running."""
+    caller = subprocess.Popen([sys.executable, "-c", CALLER], cwd=Path(grading.__file__).resolve().parents[1],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert caller.stdout.readline().strip() == "grading"
+        deadline = time.time() + 60
+        while time.time() < deadline:                              # wait until the worker is busy on the item
+            busy = [p for p in _children(caller.pid) if (grading.cpu_seconds(p) or 0) > 1.5]
+            if busy:
+                break
+            time.sleep(0.2)
+        assert busy, "the caller's worker never got busy"
+        workers = _children(caller.pid)
+    finally:
+        os.kill(caller.pid, sig)
+        caller.wait()
+    t0 = time.time()
+    while any(_alive(p) for p in workers) and time.time() - t0 < 5.0:
+        time.sleep(0.1)
+    left = [p for p in workers if _alive(p)]
+    for p in left:                                                 # do not leave them burning CPU for others
+        os.kill(p, 9)
+    assert not left, f"grading workers {left} outlived their caller (signal {sig})"
 
 
 def test_dead_idle_workers_are_replaced():
     grade_many([("Answer: 1", "1")] * 4, workers=2, progress=False)
+    time.sleep(0.5)
+    assert all(w.proc.poll() is None for w in grading._POOL.idle)   # the pool's threads are gone; its workers not
     for w in list(grading._POOL.idle):                             # our own grading workers, killed by pid
         os.kill(w.proc.pid, 9)
         w.proc.wait()

@@ -1,0 +1,85 @@
+"""Tests of lib/extract.py (DESIGN.md §5): where the answer is looked for, the fallback paths of a prose Answer: line,
+list boxes, the retry form, and the time a looping student's completion costs. Pure functions: no worker."""
+import time
+
+import pytest
+
+from lib.extract import candidates, clean, extract_answer, is_prose, last_boxed
+
+# --- a prose Answer: line: which paths are offered, in order (hand-written) ---
+
+@pytest.mark.parametrize("completion, paths", [
+    ("Answer: The answer is 9", [("math_verify_line", "The answer is 9")]),
+    ("Answer: $9$ (the smallest such $n$)", [("answer_line_lead", "9"),
+                                             ("math_verify_line", "$9$ (the smallest such $n$)")]),
+    ("Answer: 9. This follows from the parity argument.", [("answer_line_lead", "9"), (
+        "math_verify_line", "9. This follows from the parity argument.")]),
+    ("so \\boxed{[2,5)}.\n\nFinal Answer: The final answer is $[2,5)$. I hope it is correct.",
+     [("boxed", "[2,5)"), ("math_verify_line", "The final answer is $[2,5)$. I hope it is correct.")]),
+    ("Answer: 5", [("answer_line", "5")]),                                          # not prose: as before
+    ("Answer: 4\nso \\boxed{9}", [("answer_line", "4"), ("boxed", "9")]),           # the line first, the box after
+    ("Answer: \\text{no solution}", [("answer_line", "\\text{no solution}")]),     # words inside \text{} are math
+    ("I think it is 5.", []),
+])
+def test_candidates(completion, paths):
+    assert candidates(completion) == paths
+
+
+def test_prose_detection():
+    assert is_prose("The answer is 9") and is_prose("9 (the smallest such n)")
+    assert not is_prose("\\text{Monday}") and not is_prose("x \\in [-2,7]") and not is_prose("4:30 \\text{ p.m.}")
+    assert not is_prose("1+\\sqrt{19}, 1-\\sqrt{19}") and not is_prose("$\\frac{a b}{c d}$")
+
+
+# --- where to look ---
+
+@pytest.mark.parametrize("completion, extracted, extractor", [
+    ("<think>\nAnswer: 3\n</think>\nThe total is \\boxed{4}.", "4", "boxed"),          # a draft in the thinking
+    ("<think>\n\\boxed{3}\n</think>\n\nAnswer: 4", "4", "answer_line"),
+    ("thinking...\nAnswer: 3\n</think>\n\\boxed{4}", "4", "boxed"),                   # template opened the <think>
+    ("```python\nprint('x')\nAnswer: 3\n```\nSo the answer is \\boxed{4}.", "4", "boxed"),   # a draft in code
+    ("<think>\nAnswer: 3\nstill thinking", "3", "answer_line"),                       # truncated: nothing visible
+    ("We get \x0cAnswer: 3\nso \\boxed{4}", "4", "boxed"),                            # a form feed is not a line break
+    ("Answer: \\frac{1}{2}\x0c", "\\frac{1}{2}", "answer_line"),
+    ("\\boxed{-2}, \\boxed{1}", "-2, 1", "boxed"),                                    # several boxes: one list
+    ("$x = \\boxed{3}$ and $\\boxed{-1}$", "3, -1", "boxed"),
+    ("\\boxed{1} then \\boxed{2}", "2", "boxed"),                                     # prose between: the last
+    ("\\boxed{5}\n\n\\boxed{5}", "5", "boxed"),                                       # a repeated box is one
+])
+def test_where_the_answer_is(completion, extracted, extractor):
+    assert extract_answer(completion) == (extracted, extractor)
+
+
+def test_last_boxed_nested_and_escaped():
+    assert last_boxed("\\boxed{\\frac{1}{\\sqrt{2}}}") == "\\frac{1}{\\sqrt{2}}"
+    assert last_boxed("\\boxed{\\{1,2\\}}") == "\\{1,2\\}"
+    assert last_boxed("\\boxed{3} and a cut-off \\boxed{\\frac{1}{") == "3"
+    assert last_boxed("\\boxed{}") is None and last_boxed("so $\\boxed 5$") == "5"
+
+
+def test_clean_collapses_whitespace():
+    assert clean("4:30 \\text{ p.m.}") == clean("\\text{4:30 p.m.}") == "4:30 p.m"
+    assert clean("x  =\t 5") == "x = 5"
+
+
+# --- a looping student costs milliseconds ---
+
+ADVERSARIAL = {
+    "4,000 open boxes": "\\boxed{" * 4000,
+    "10,000 unclosed boxes": "\\boxed{1 " * 10_000,
+    "Answer + 50,000 spaces": "Answer" + " " * 50_000 + "x",
+    "Answer: + 50,000 stars": "Answer" + "*" * 50_000 + "x",
+    "one 100,000-letter word on an Answer line": "Answer: " + "a" * 100_000,
+    "20,000 empty Answer lines": "Answer:\n" * 20_000,
+    "50,000 dots and spaces": ". " * 50_000,
+    "100,000 open braces in a box": "\\boxed{" + "{" * 100_000,
+    "10,000 closed boxes": "".join(f"\\boxed{{{i}}}" for i in range(10_000)),
+}
+
+
+@pytest.mark.parametrize("name", ADVERSARIAL)
+def test_adversarial_extraction_is_fast(name):
+    text = ADVERSARIAL[name]
+    t0 = time.process_time()
+    extract_answer(text), candidates(text), clean(text)
+    assert time.process_time() - t0 < 0.5, name      # was ~1 min (4,000 boxes) and > 150 s (10,000 unclosed)
