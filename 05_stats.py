@@ -1,15 +1,23 @@
 """05_stats — the campaign's numbers (DESIGN.md §6): paired gains, gates, transfer ratios, sensitivity views, diagnostics.
 
-Reads every eval unit (`evals/<alias>/<benchmark>/<protocol>/`) and training run (`train/<run>/`) of one campaign
-directory, each verified against its manifest, plus `raft/stats.json` when 07_raft has run. Writes `stats/`:
+Reads every finished eval unit (`evals/<alias>/<benchmark>/<protocol>/`) and training run (`train/<run>/`, its
+reward and training seed from summary.json, else manifest args, else the name `<reward>-seed<S>`, else seed 42) of
+one campaign directory, each verified against its manifest, plus `raft/stats.json` when 07_raft has run and `gates/`
+when 01_gates has. Unfinished runs and units are reported as pending, never read. Writes `stats/`:
 
     teacher_gains.json     π_post − π_pre on every benchmark/protocol both have; the teacher-gain gate
-    student_gains.json     every evaluated checkpoint − the student's init (paired, same seeds/problems); gain scan
-    transfer.json          student gain ÷ teacher gain with the five guards, per checkpoint and benchmark
+    student_gains.json     every evaluated checkpoint − the student's init (paired, same seeds/problems); gain scan;
+                           by_reward: each training seed's latest evaluated checkpoint and the gain pooled over seeds
+                           (lib.stats.pooled_gain), one verdict per reward × benchmark × protocol, Holm-adjusted
+    transfer.json          Direct-OPD runs only: student gain ÷ (π_post − π_pre) with the five guards, per checkpoint
     cap_sensitivity.json   π_post held to π_pre's max_new_tokens: over-cap-as-wrong and kept-only
     diagnostics.json       per unit: truncation, tokens, answer format, extraction/accuracy on truncated samples
     training.json          per run: per-step curves of the DESIGN.md §7.4 metrics and the collapse watch
     raft.json              RAFT stage-1/SFT numbers passed through from raft/stats.json, and gate G2
+    gates.json             the main pair's gates as 01_gates recorded them (gates/<gate>.json, gates/manifest.json)
+    pending.json           training runs without manifest.json, unit folders not finished, last checkpoints not evaluated
+    ledger.json            one row per stage run: the manifests on disk plus earlier runs whose manifest a rerun
+                           overwrote (carried over from the previous ledger.json), so reruns add up
     manifest.json          every input file with its sha256
 
 Every comparison is lib.stats.paired_bootstrap (10,000 resamples, default_rng(42)); a unit that cannot be paired

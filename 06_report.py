@@ -1,13 +1,16 @@
 """06_report — the campaign's report, rebuilt from files only (DESIGN.md §11; the source report is the model).
 
 Reads `stats/*.json` (05_stats, verified against stats/manifest.json), re-checks the sha256 of every input 05_stats
-recorded, and sums the time ledger from every manifest.json under the campaign directory (report/ excluded).
+recorded, and sums the time ledger from every manifest.json under the campaign directory (report/ excluded) plus the
+earlier runs whose manifests a rerun overwrote (kept by 05_stats in stats/ledger.json).
 Writes `report/`:
 
-    README.md          TL;DR generated from the numbers, then tables: teacher gains and the gate, training dynamics
-                       and the collapse watch, student gain per checkpoint, transfer ratio (five guards), gain scan,
-                       per-unit diagnostics, answer-format split, truncation, cap sensitivity, RAFT, alignment audit,
-                       time ledger. Each table names the file its numbers come from.
+    README.md          TL;DR generated from the numbers (the verdict per reward on its latest evaluated checkpoint,
+                       pooled over training seeds, Holm-adjusted), then tables: teacher gains and the gate, the main
+                       pair's gates (01_gates), training dynamics and the collapse watch, student gain per checkpoint,
+                       per reward each seed and the pooled gain, the Direct-OPD transfer ratio (five guards), gain
+                       scan, per-unit diagnostics, answer-format split, truncation, cap sensitivity, RAFT, alignment
+                       audit, time ledger (reruns included), pending runs and units. Each table names its source.
     figures/*.png      teacher gains, student gain per checkpoint (collapse band shaded), teacher vs student gain,
                        training curves per run, answer-format split, RAFT loss
     MANIFEST.json      every input file (relative to the campaign directory) with its sha256
@@ -199,8 +202,8 @@ if inits and ckpts:
         f"{pct(d['extractor_pct']['boxed'])} %, truncation {pct(i['truncation_pct'])} % → {pct(d['truncation_pct'])} % "
         f"(student init → latest evaluated checkpoint)" for d in ckpts) + ".")
 if PEND["runs"] or PEND["units"]:
-    tldr.append(f"Pending: {len(PEND['runs'])} training runs and {len(PEND['units'])} eval units are not finished and "
-                f"are not counted (§9).")
+    tldr.append(f"Pending: {len(PEND['runs'])} training run(s) and {len(PEND['units'])} eval unit(s) are not finished "
+                f"and are not counted (§9).")
 tot = ledger["total"]
 tldr.append(f"Time: {tot['n_runs']} stage runs, {num(tot['wall_s'], 1)} s wall-clock, {num(tot['gpu_s'], 1)} "
             f"GPU-seconds (time ledger below).")
@@ -220,7 +223,7 @@ table(["benchmark", "protocol", "π_pre acc", "π_post acc", "gain (pp)", "95 % 
         t["p_str"], t["n_problems"], t["n_seeds"]] for t in teacher], "`stats/teacher_gains.json`")
 L += [f"Teacher-gain gate (DESIGN.md §6: paired gain on {gate['benchmark']} > 0 with a CI excluding 0): "
       f"**{'PASS' if gate['pass'] else 'FAIL'}** — {gate['reason']}.", ""]
-L += ["By difficulty level (a = π_pre, b = π_post):", ""]
+L += ["By difficulty level (a = π_pre, b = π_post; descriptive: each verdict at its own 95 % CI, unadjusted):", ""]
 level_table(teacher, ["benchmark", "protocol", "comparison"], lambda t: [t["benchmark"], t["protocol"], "π_post − π_pre"],
             "`stats/teacher_gains.json` (by_level)")
 if teacher:
@@ -237,7 +240,8 @@ if GATES.get("present"):
     an = GATES.get("anatomy")
     if an:
         lp, auc, st = an["logp_stop_at_answer_end"], an["auroc"], an["stop"]
-        L += [f"Shift anatomy (Δ = log π_post − log π_pre on the student's own samples, models {an['models']}):", ""]
+        models = ", ".join(f"{k} `{v}`" for k, v in sorted(an["models"].items()))
+        L += [f"Shift anatomy (Δ = log π_post − log π_pre on the student's own samples; {models}):", ""]
         table(["measure", "value"],
               [["sequences", an["n_sequences"]], ["tokens", an["n_tokens"]],
                ["token-mean Δ", num(an["token_mean_delta"], 4)], ["student-weighted mean Δ", num(an["student_weighted_mean"], 4)],
@@ -247,7 +251,7 @@ if GATES.get("present"):
                ["log p(stop) at answer ends, π_pre", num(lp.get("pi_pre"), 4)],
                ["log p(stop) at answer ends, π_post", num(lp.get("pi_post"), 4)],
                ["student accuracy on these samples", num(an["accuracy"], 4)], ["stop rate", num(an["stop_rate"], 4)],
-               ["AUROC of sequence-mean Δ, length-controlled", num(auc.get("length_controlled"))]],
+               ["AUROC of sequence-mean Δ, length-controlled", num(auc.get("length_controlled"), 4)]],
               "`stats/gates.json` (anatomy)")
 else:
     L += ["pending: 01_gates has not finished in this campaign directory." if GATES.get("pending") else
@@ -291,7 +295,8 @@ table(["run", "step", "unit", "benchmark", "protocol", "init acc", "ckpt acc", "
         ci(g["ci95_pp"]), g["p_str"], verdict(g), g["n_problems"], g["n_seeds"],
         pct(diag_by_unit[g["unit_b"]]["truncation_pct"])] for g in student], "`stats/student_gains.json`, "
       "`stats/diagnostics.json` (truncation)")
-L += ["By difficulty level (a = the student's init, b = the checkpoint):", ""]
+L += ["By difficulty level (a = the student's init, b = the checkpoint; descriptive: each verdict at its own 95 % CI, "
+      "unadjusted):", ""]
 level_table(student, ["run", "step", "benchmark", "protocol"],
             lambda g: [g["run"], g["step"], g["benchmark"], g["protocol"]], "`stats/student_gains.json` (by_level)")
 L += [f"Gain scan: {scan['n']} paired student gains — {scan['positive_significant']} positive-significant, "

@@ -10,6 +10,7 @@ MANIFEST.json; a rebuild is byte-identical; figures are real PNGs; broken units 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -328,9 +329,14 @@ def tables(readme: str):
 
 
 def close(tok: str, want) -> bool:
-    """A printed number equals the value it was printed from, to the digits printed."""
+    """A printed number is the value it was printed from, formatted to the digits printed (exactly: 8.75 → "8.8",
+    never "8.7"), sign as printed."""
+    if want is None:
+        return False
     nd = len(tok.split(".")[1]) if "." in tok else 0
-    return want is not None and abs(float(tok) - float(want)) <= 0.5 * 10.0 ** -nd + 1e-9
+    if nd == 0 and float(want) != int(want):
+        return False
+    return f"{float(want):{'+' if tok[0] in '+-' else ''}.{nd}f}" == tok
 
 
 def check_cell(cell: str, kind: str, want, where: str) -> int:
@@ -339,8 +345,13 @@ def check_cell(cell: str, kind: str, want, where: str) -> int:
         assert cell == str(want), f"{where}: {cell!r} != {want!r}"
         return 0
     if kind == "p":
-        ok = cell == "p<0.0001" if want == 0 else (cell.startswith("p=") and close(cell[2:], want))
+        ok = cell == ("p<0.0001" if want == 0 else f"p={want:.4f}")
         assert ok, f"{where}: {cell!r} is not p = {want}"
+        return 1
+    if kind == "sum":                   # a sum of floats: 06 may add in another order, which moves only the last bit
+        nd = len(cell.split(".")[1]) if "." in cell else 0
+        sums = {f"{x:.{nd}f}" for x in (sum(want), math.fsum(want), sum(reversed(want)))}
+        assert cell in sums, f"{where}: {cell!r} is not the sum {sorted(sums)}"
         return 1
     wants = [want] if kind == "num" else list(want)
     if wants == [None]:
@@ -498,8 +509,8 @@ def table_specs(campaign):
           "restricted side": ("str", lambda r: r["audit"]["restricted"] or "—"),
           "problem subset": ("str", lambda r: r["audit"]["subset"] or "—")}),
         (["stage", "runs"], stage_rows, {"stage": lambda r: r["stage"]},
-         {"runs": ("num", lambda r: len(r["rows"])), "wall-clock s": ("num", lambda r: sum(x["wall_s"] for x in r["rows"])),
-          "GPU-seconds": ("num", lambda r: sum(x["gpu_s"] for x in r["rows"]))}),
+         {"runs": ("num", lambda r: len(r["rows"])), "wall-clock s": ("sum", lambda r: [x["wall_s"] for x in r["rows"]]),
+          "GPU-seconds": ("sum", lambda r: [x["gpu_s"] for x in r["rows"]])}),
         (["directory", "stage", "run", "started"], ledger_rows,
          {"directory": lambda r: r["dir"], "stage": lambda r: r["stage"], "run": lambda r: r["kind"],
           "started": lambda r: r["started"], "wall-clock s": lambda r: f"{r['wall_s']:.1f}"},
@@ -530,6 +541,9 @@ def check_tables(campaign) -> int:
         for k, row in zip(got, rows):
             for c, (kind, f) in cols.items():
                 checked += check_cell(row[idx[c]], kind, f(want[k]), f"table {head[:3]} row {k} column {c!r}")
+        for c in cols:                   # one spelling per column: every decimal number in it has the same digits
+            digits = {len(tok.split(".")[1]) for row in rows for tok in NUM.findall(row[idx[c]]) if "." in tok}
+            assert len(digits) <= 1, f"table {head[:3]} column {c!r} prints numbers with {sorted(digits)} decimals"
     return checked
 
 
@@ -543,6 +557,7 @@ def check_tldr(campaign) -> None:
     g = re.search(r"π_post − π_pre = (\S+) \[(\S+), (\S+)\] (p\S+) ", tldr[0])
     assert close(g[1], gate["gain_pp"]) and close(g[2], gate["ci95_pp"][0]) and close(g[3], gate["ci95_pp"][1])
     check_cell(g[4], "p", gate["p"], "TL;DR gate")
+    assert tldr[0].endswith(f"{g[4]} ({T['gate']['reason']}).")
     verdicts = [m for m in (re.search(
         r"`(\S+)` \((.*?)\) on (\w+)/(\w+), latest evaluated checkpoint \(step ([\d, ]+)\), (pooled over training seeds "
         r"([\d, ]+)|training seed (\d+)): gain (\S+) \[(\S+), (\S+)\] (p\S+), Holm-adjusted p = (\S+) → \*\*(.+)\*\*\.$", ln)
@@ -560,16 +575,71 @@ def check_tldr(campaign) -> None:
         assert close(m[13], d["p_holm"]) and m[14] == d["verdict"]
     mc = next(ln for ln in tldr if "Multiple comparisons" in ln)
     fam, scan = SG["family"], SG["scan"]
-    assert re.search(rf": {fam['n_verdicts']} verdicts .* In all {scan['n']} paired student gains .* "
+    assert re.search(rf": {fam['n_verdicts']} verdicts .* adjusted p < {fam['alpha']} and a CI excluding 0\. In all {scan['n']} paired student gains .* "
                      rf"{scan['positive_significant']} have a CI above 0 and {scan['negative_significant']} below 0", mc)
+    seen = {0, *(tldr.index(m.string) for m in verdicts), tldr.index(mc)}
     P = read_json(campaign / "stats" / "pending.json")
-    assert any(f"Pending: {len(P['runs'])} training runs and {len(P['units'])} eval units" in ln for ln in tldr)
+    k = next(i for i, ln in enumerate(tldr) if "Pending:" in ln)
+    assert tldr[k].endswith(f"Pending: {len(P['runs'])} training run(s) and {len(P['units'])} eval unit(s) are not "
+                            f"finished and are not counted (§9).")
+    gm = read_json(campaign / "gates" / "manifest.json")
+    k2 = next(i for i, ln in enumerate(tldr) if "Gates of pair" in ln)
+    assert re.findall(r"(\w+) \*\*(PASS|FAIL)\*\*", tldr[k2]) == sorted(gm["gates"].items())
+    assert tldr[k2].endswith(" (§1.1).") and "### 1.1 Gates of the main pair" in readme
+    seen |= {k, k2}
+    TRN = {r["run"]: r for r in read_json(campaign / "stats" / "training.json")["runs"]}
+    for i, ln in enumerate(tldr):
+        m = re.search(r"Run `(\S+)` \((\d+) steps\): termination collapse, onset step (\d+) \(band (\d+)–(\d+)\); "
+                      r"(.+) mean negative on (\d+) of (\d+) steps\.$", ln)
+        if m:
+            r, seen = TRN[m[1]], seen | {i}
+            w, wr = r["watch"], r["weighted_reward"]
+            assert [int(x) for x in (m[2], m[3], m[4], m[5], m[7], m[8])] == [
+                r["steps_logged"], w["collapse_onset_step"], *w["collapse_band"], wr["n_negative"], wr["n"]]
+            assert m[6] == ("OPD reward" if r["reward"] == "opd" else "weighted shift reward")
+    TR = read_json(campaign / "stats" / "transfer.json")["ratios"]
+    k3 = next(i for i, ln in enumerate(tldr) if "Direct-OPD transfer ratio" in ln)
+    got = re.findall(r"(\S+)@(\d+) (\w+)/(\w+): (ratio \S+|withheld \(([^)]*)\))", tldr[k3])
+    assert sorted((a, int(b), c, d, f) for a, b, c, d, _, f in got) == sorted(
+        (r["run"], r["step"], r["benchmark"], r["protocol"], ", ".join(r["failed"])) for r in TR if r["latest"])
+    CAP = read_json(campaign / "stats" / "cap_sensitivity.json")["views"]
+    v = next(v for v in CAP if v["protocol"] == "sample4")
+    k4 = next(i for i, ln in enumerate(tldr) if "Cap sensitivity" in ln)
+    m = re.search(r"π_pre's (\d+) tokens, over-cap-as-wrong gain (\S+) \[(\S+), (\S+)\] (\S+) \(native (\S+) \[(\S+), "
+                  r"(\S+)\] (\S+)\)\.$", tldr[k4])
+    assert int(m[1]) == v["cap"]
+    for (g, lo, hi, p), r in (((m[2], m[3], m[4], m[5]), v["over_cap_as_wrong"]), ((m[6], m[7], m[8], m[9]), v["native"])):
+        assert close(g, r["gain_pp"]) and close(lo, r["ci95_pp"][0]) and close(hi, r["ci95_pp"][1])
+        check_cell(p, "p", r["p"], "TL;DR cap")
+    DG = {(d["train_run"], d["train_step"], d["protocol"], d["role"]): d for d in read_json(campaign / "stats" / "diagnostics.json")["units"]}
+    init = next(d for d in DG.values() if d["role"] == "student_init" and d["protocol"] == "sample4")
+    k5 = next(i for i, ln in enumerate(tldr) if "Style and termination" in ln)
+    parts = re.findall(r"`(\S+)`@(\d+) answer_line (\S+) % → (\S+) %, boxed (\S+) % → (\S+) %, truncation (\S+) % → "
+                       r"(\S+) %", tldr[k5])
+    assert sorted(p[0] for p in parts) == sorted(n for n, *_ in RUNS)
+    for run, step, *nums in parts:
+        d = DG[(run, int(step), "sample4", "checkpoint")]
+        want = [init["extractor_pct"]["answer_line"], d["extractor_pct"]["answer_line"], init["extractor_pct"]["boxed"],
+                d["extractor_pct"]["boxed"], init["truncation_pct"], d["truncation_pct"]]
+        assert all(close(a, b) for a, b in zip(nums, want)), (run, nums, want)
+    k6 = len(tldr) - 1
+    ledger_rows = next(s for s in table_specs(campaign) if s[0][0] == "directory")[1]
+    m = re.search(r"Time: (\d+) stage runs, (\S+) s wall-clock, (\S+) GPU-seconds", tldr[k6])
+    assert int(m[1]) == len(ledger_rows)
+    check_cell(m[2], "sum", [r["wall_s"] for r in ledger_rows], "TL;DR time")
+    check_cell(m[3], "sum", [r["gpu_s"] for r in ledger_rows], "TL;DR time")
+    seen |= {k3, k4, k5, k6}
+    assert seen == set(range(len(tldr))), f"TL;DR lines without a check: {[tldr[i] for i in set(range(len(tldr))) - seen]}"
     assert not re.search(r"\bnull\b|terminal checkpoint|capability transfer detected", readme)
 
 
 def check_report(campaign) -> None:
-    assert check_tables(campaign) > 400
-    check_tldr(campaign)
+    """AssertionError when any printed number is not its source cell (a lookup that fails counts as a mismatch)."""
+    try:
+        assert check_tables(campaign) > 400
+        check_tldr(campaign)
+    except (KeyError, StopIteration, TypeError, ValueError, IndexError) as e:
+        raise AssertionError(f"the report does not match its sources: {type(e).__name__}: {e}") from e
 
 
 def test_every_report_number_equals_its_source_cell(campaign):
