@@ -804,3 +804,26 @@ def test_mismatched_problem_sets_are_refused(tmp_path):
     r = run_stage("05_stats.py", run_dir, "--pair", "toy", ok=False)
     assert r.returncode != 0 and "mismatched problem ids" in r.stderr
     assert "only in evals/toy-pre/toy/sample4: [toy-000]" in r.stderr and "toy-040" in r.stderr
+
+
+def test_unfinished_runs_are_pending_not_refused(tmp_path):
+    """A run killed before its first checkpoint (empty folder, or a half-written metrics line) and a unit folder
+    without manifest: 05 and 06 report the finished part and list the rest as pending."""
+    run_dir = tmp_path / "toy"
+    for k, (alias, proto) in enumerate([(a, p) for a in ("toy-pre", "toy-post", "toy-student") for p in ("sample4", "greedy")]):
+        write_unit(run_dir, alias, proto, P_CORRECT[alias], 96, 30, k)
+    (run_dir / "train" / "opd" / "resume.tmp").mkdir(parents=True)
+    t = run_dir / "train" / "opd-seed1"
+    atomic_write_jsonl(t / "metrics.jsonl", metric_rows(n_steps=3))
+    with open(t / "metrics.jsonl", "a") as f:
+        f.write('{"step": 4, "response_len')                      # the trainer was killed mid-line
+    (run_dir / "evals" / "opd-step15" / "toy" / "sample4").mkdir(parents=True)
+    run_stage("05_stats.py", run_dir, "--pair", "toy")
+    P = read_json(run_dir / "stats" / "pending.json")
+    assert [(r["run"], r["reward"], r["seed"], r["steps_logged"]) for r in P["runs"]] == [
+        ("opd", "opd", 42, 0), ("opd-seed1", "opd", 1, None)]
+    assert [u["unit"] for u in P["units"]] == ["evals/opd-step15/toy/sample4"]
+    run_stage("06_report.py", run_dir)
+    readme = (run_dir / "report" / "README.md").read_text()
+    assert "Pending: 2 training run(s) and 1 eval unit(s)" in readme
+    assert "| `train/opd-seed1` | training run | reward opd, seed 1, ? steps logged |" in readme

@@ -343,3 +343,29 @@ def test_collapse_watch_agrees_with_the_trainers_live_watch():
         assert {k: w[k] for k in live.summary()} == live.summary()
         span = w["longest_clip90_span"]
         assert (span[1] - span[0] + 1 if span else 0) == w["longest_clip90_run"]
+
+
+def test_time_ledger_adds_reruns(tmp_path):
+    """Every stage run counts once: the manifests on disk, the earlier runs a manifest lists under previous_runs,
+    and the rows of an older ledger whose manifest a rerun has overwritten (not those still on disk)."""
+    import json
+    from lib.campaign import earlier_runs, manifest_runs, time_ledger
+
+    def manifest(d, stage, started, wall, gpu=0.0, **extra):
+        (tmp_path / d).mkdir(parents=True, exist_ok=True)
+        (tmp_path / d / "manifest.json").write_text(json.dumps(
+            {"stage": stage, "started": started, "ended": started, "wall_s": wall, "gpu_s": gpu, **extra}))
+
+    manifest("raft", "07_raft", "t0", 596.3)
+    manifest("report", "06_report", "t0", 5.0)                  # the report's own manifest is left out
+    old = manifest_runs(tmp_path)
+    manifest("raft", "07_raft", "t1", 17.1)                     # the rerun overwrites raft/manifest.json
+    manifest("train/opd", "03_opd_train", "t2", 30.0, 4.0, previous_runs=[{"started": "t1", "wall_s": 70.0, "gpu_s": 8.0}])
+    now = manifest_runs(tmp_path)
+    back = earlier_runs(old, now)
+    assert [(r["dir"], r["wall_s"]) for r in back] == [("raft", 596.3)]
+    assert earlier_runs(now, now) == []
+    led = time_ledger(tmp_path, earlier=back)
+    assert led["stages"]["07_raft"] == {"n_runs": 2, "wall_s": pytest.approx(613.4), "gpu_s": 0.0}
+    assert led["stages"]["03_opd_train"] == {"n_runs": 2, "wall_s": 100.0, "gpu_s": 12.0}
+    assert "06_report" not in led["stages"] and led["total"]["n_runs"] == 4
