@@ -103,6 +103,11 @@ def num(x, nd=3):
     return "—" if x is None else (str(x) if isinstance(x, int) else f"{x:.{nd}f}")
 
 
+def cell(text: str) -> str:
+    """Free text in a table cell: a `|` (e.g. in `<|im_start|>`) escaped so it does not split the cell; "—" if empty."""
+    return text.replace("|", "\\|") or "—"
+
+
 def table(head: list[str], rows: list[list], source: str) -> None:
     if not rows:
         L.extend(["_(no rows)_", ""])
@@ -235,8 +240,8 @@ L += ["### 1.1 Gates of the main pair (01_gates)", ""]
 if GATES.get("present"):
     table(["gate", "verdict", "allowed", "kept from an earlier run", "summary", "failures", "warnings"],
           [[g["gate"], g["status"], "yes" if g["allowed"] else "no", "yes" if g["carried"] else "no",
-            g["summary"].replace("|", "/") or "—", "; ".join(g["reasons"]).replace("|", "/") or "—",
-            "; ".join(g["warnings"]).replace("|", "/") or "—"] for g in GATES["gates"]], "`stats/gates.json`")
+            cell(g["summary"]), cell("; ".join(g["reasons"])), cell("; ".join(g["warnings"]))] for g in GATES["gates"]],
+          "`stats/gates.json`")
     an = GATES.get("anatomy")
     if an:
         lp, auc, st = an["logp_stop_at_answer_end"], an["auroc"], an["stop"]
@@ -288,7 +293,8 @@ for r in runs:
 # --- 3. student gains ---
 L += ["## 3. Student gain per checkpoint", "",
       "Each row: the checkpoint's unit against the student's init, paired by problem; when the checkpoint unit has "
-      "fewer seeds (curve protocol) the init is restricted to the same seeds; a reduced unit pairs on its own problems.", ""]
+      "fewer seeds (curve protocol) the init is restricted to the same seeds; a reduced unit pairs on its own problems. "
+      "Each verdict here is at its own 95 % CI, unadjusted; the verdicts the TL;DR draws (Holm-adjusted) are in §3.1.", ""]
 table(["run", "step", "unit", "benchmark", "protocol", "init acc", "ckpt acc", "gain (pp)", "95 % CI", "p", "verdict",
        "problems", "seeds", "ckpt truncation %"],
       [[g["run"], g["step"], g["alias_b"], g["benchmark"], g["protocol"], pct(g["acc_a"], 2), pct(g["acc_b"], 2), pp(g["gain_pp"]),
