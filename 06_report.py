@@ -79,7 +79,8 @@ if unread:
                         f"re-run 05_stats.py --run-dir {run_dir} before building the report")
 ledger = time_ledger(run_dir, earlier=earlier_runs(S["ledger"]["runs"], manifest_runs(run_dir)))
 for r in ledger["runs"]:
-    files.setdefault(r["manifest"], sha256_file(run_dir / r["manifest"]))
+    if r["kind"] == "latest":        # earlier runs' rows come from stats/ledger.json, already listed
+        files.setdefault(r["manifest"], sha256_file(run_dir / r["manifest"]))
 
 for old in fig_dir.glob("*.png"):   # figures are rebuilt from scratch; nothing stale survives
     old.unlink()
@@ -159,7 +160,13 @@ if GATES.get("present"):
 else:
     tldr.append("Gates (01_gates): " + ("pending (gates/ has no manifest.json yet)." if GATES.get("pending")
                                         else "not run in this campaign directory."))
-scan, fam, decided = SG["scan"], SG["family"], [e for e in SG["by_reward"] if primary.get(e["benchmark"]) == e["protocol"]]
+scan, fam = SG["scan"], SG["family"]
+decided = {}                         # (reward, benchmark) → its verdict row: the primary protocol, else the first evaluated
+for e in SG["by_reward"]:
+    k = (e["reward"], e["benchmark"])
+    if k not in decided or (e["protocol"] == primary.get(e["benchmark"]) != decided[k]["protocol"]):
+        decided[k] = e
+decided = sorted(decided.values(), key=lambda e: (e["reward"], e["benchmark"]))
 for e in decided:
     d, seeds = e["decision"], e["training_seeds"]
     steps = sorted(set(e["steps"]))

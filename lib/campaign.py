@@ -256,9 +256,11 @@ def manifest_runs(run_dir: Path, exclude=("report",)) -> list[dict]:
 
 def earlier_runs(previous: list[dict], current: list[dict]) -> list[dict]:
     """Rows of an older ledger (05's stats/ledger.json) whose manifest has since been overwritten by a rerun: the
-    same directory and stage, another run (start, end, wall-clock). They stay in the ledger so reruns add up."""
-    now = {_run_key(r) for r in current}
-    return [dict(r, kind="earlier run (overwritten manifest)") for r in previous if _run_key(r) not in now]
+    same directory and stage, another run (start, end, wall-clock), or a folder since removed. They stay in the ledger
+    so reruns add up."""
+    now, dirs = {_run_key(r) for r in current}, {r["dir"] for r in current}
+    return [dict(r, kind="earlier run (overwritten manifest)" if r["dir"] in dirs else "earlier run (folder removed)")
+            for r in previous if _run_key(r) not in now]
 
 
 def time_ledger(run_dir: Path, earlier: list[dict] = (), exclude=("report",)) -> dict:

@@ -406,8 +406,9 @@ def table_specs(campaign):
     on_disk = [p for p in campaign.rglob("manifest.json") if p.parent.relative_to(campaign).parts[0] != "report"]
     manifests = [(p.parent.relative_to(campaign).as_posix(), read_json(p)) for p in on_disk]
     now = {(d, m["stage"], m["started"], m["ended"], m["wall_s"]) for d, m in manifests}
-    earlier = [dict(r, kind="earlier run (overwritten manifest)") for r in LED
-               if (r["dir"], r["stage"], r["started"], r["ended"], r["wall_s"]) not in now]
+    dirs = {d for d, _ in manifests}
+    earlier = [dict(r, kind="earlier run (overwritten manifest)" if r["dir"] in dirs else "earlier run (folder removed)")
+               for r in LED if (r["dir"], r["stage"], r["started"], r["ended"], r["wall_s"]) not in now]
     ledger_rows = [{"dir": d, "stage": m["stage"], "started": m["started"], "wall_s": m["wall_s"], "gpu_s": m["gpu_s"],
                     "kind": "latest"} for d, m in manifests] + earlier
     stage_rows = [{"stage": s, "rows": [r for r in ledger_rows if r["stage"] == s]} for s in {r["stage"] for r in ledger_rows}]
