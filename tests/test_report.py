@@ -829,3 +829,22 @@ def test_unfinished_runs_are_pending_not_refused(tmp_path):
     readme = (run_dir / "report" / "README.md").read_text()
     assert "Pending: 2 training run(s) and 1 eval unit(s)" in readme
     assert "| `train/opd-seed1` | training run | reward opd, seed 1, ? steps logged |" in readme
+
+
+def test_removed_units_stay_in_the_ledger_and_the_verdict_falls_back(campaign, tmp_path):
+    """The opd seeds' sample4 units removed (to be redone): their time stays in the ledger, labelled; the opd verdict
+    falls back to the protocol its checkpoints still have (curve8) and the missing units are pending."""
+    run_dir = tmp_path / "toy"
+    shutil.copytree(campaign, run_dir)
+    gone = [f"evals/{n}-step40/toy/sample4" for n in ("opd", "opd-seed1", "opd-seed2")]
+    for rel in gone:
+        shutil.rmtree(run_dir / rel)
+    run_stage("05_stats.py", run_dir, "--pair", "toy")
+    run_stage("06_report.py", run_dir)
+    assert check_tables(run_dir) > 400
+    readme = (run_dir / "report" / "README.md").read_text()
+    assert re.search(r"`opd` \(classic OPD, one teacher\) on toy/curve8, latest evaluated checkpoint \(step 40\), "
+                     r"pooled over training seeds 1, 2, 42", readme)
+    for rel in gone:
+        assert f"| `{rel}` | 04_eval | earlier run (folder removed) |" in readme
+    assert {u["unit"] for u in read_json(run_dir / "stats" / "pending.json")["units"]} >= set(gone)
