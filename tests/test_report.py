@@ -335,7 +335,7 @@ def close(tok: str, want) -> bool:
     if want is None:
         return False
     nd = len(tok.split(".")[1]) if "." in tok else 0
-    if nd == 0 and float(want) != int(want):
+    if isinstance(want, int) == bool(nd):   # a count printed as 40.0, or a measurement printed as a bare 0
         return False
     return f"{float(want):{'+' if tok[0] in '+-' else ''}.{nd}f}" == tok
 
