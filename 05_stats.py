@@ -1,15 +1,23 @@
-"""05_stats — the campaign's numbers (SPEC §6): paired gains, gates, transfer ratios, sensitivity views, diagnostics.
+"""05_stats — the campaign's numbers (DESIGN.md §6): paired gains, gates, transfer ratios, sensitivity views, diagnostics.
 
-Reads every eval unit (`evals/<alias>/<benchmark>/<protocol>/`) and training run (`train/<run>/`) of one campaign
-directory, each verified against its manifest, plus `raft/stats.json` when 07_raft has run. Writes `stats/`:
+Reads every finished eval unit (`evals/<alias>/<benchmark>/<protocol>/`) and training run (`train/<run>/`, its
+reward and training seed from summary.json, else manifest args, else the name `<reward>-seed<S>`, else seed 42) of
+one campaign directory, each verified against its manifest, plus `raft/stats.json` when 07_raft has run and `gates/`
+when 01_gates has. Unfinished runs and units are reported as pending, never read. Writes `stats/`:
 
     teacher_gains.json     π_post − π_pre on every benchmark/protocol both have; the teacher-gain gate
-    student_gains.json     every evaluated checkpoint − the student's init (paired, same seeds/problems); gain scan
-    transfer.json          student gain ÷ teacher gain with the five guards, per checkpoint and benchmark
+    student_gains.json     every evaluated checkpoint − the student's init (paired, same seeds/problems); gain scan;
+                           by_reward: each training seed's latest evaluated checkpoint and the gain pooled over seeds
+                           (lib.stats.pooled_gain), one verdict per reward × benchmark × protocol, Holm-adjusted
+    transfer.json          Direct-OPD runs only: student gain ÷ (π_post − π_pre) with the five guards, per checkpoint
     cap_sensitivity.json   π_post held to π_pre's max_new_tokens: over-cap-as-wrong and kept-only
     diagnostics.json       per unit: truncation, tokens, answer format, extraction/accuracy on truncated samples
-    training.json          per run: per-step curves of the SPEC §7.4 metrics and the collapse watch
+    training.json          per run: per-step curves of the DESIGN.md §7.4 metrics and the collapse watch
     raft.json              RAFT stage-1/SFT numbers passed through from raft/stats.json, and gate G2
+    gates.json             the main pair's gates as 01_gates recorded them (gates/<gate>.json, gates/manifest.json)
+    pending.json           training runs without manifest.json, unit folders not finished, last checkpoints not evaluated
+    ledger.json            one row per stage run: the manifests on disk plus earlier runs whose manifest a rerun
+                           overwrote (carried over from the previous ledger.json), so reruns add up
     manifest.json          every input file with its sha256
 
 Every comparison is lib.stats.paired_bootstrap (10,000 resamples, default_rng(42)); a unit that cannot be paired
@@ -25,8 +33,9 @@ import time
 from pathlib import Path
 
 from lib import stats
-from lib.artifacts import atomic_write_json, read_json, sha256_file, verify_dir, wall_clock, write_manifest
-from lib.campaign import CURVE_KEYS, collapse_watch, diagnostics, find_runs, load_run, load_units
+from lib.artifacts import ArtifactError, atomic_write_json, read_json, sha256_file, verify_dir, wall_clock, write_manifest
+from lib.campaign import (CURVE_KEYS, collapse_watch, diagnostics, earlier_runs, find_runs, load_run, load_units,
+                          manifest_runs, pending_runs, pending_units, run_identity)
 from lib.registry import PAIRS, PROTOCOLS, STUDENTS
 
 # --- args ---
@@ -34,8 +43,8 @@ ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class
 ap.add_argument("--run-dir", required=True, help="campaign directory, e.g. runs/toy")
 ap.add_argument("--pair", default=None, choices=sorted(PAIRS),
                 help="teacher pair of the campaign; default: the pair recorded in the run summaries / eval manifests")
-ap.add_argument("--n-boot", type=int, default=stats.N_BOOT, help="bootstrap resamples (SPEC §6: 10,000)")
-ap.add_argument("--seed", type=int, default=stats.SEED, help="bootstrap RNG seed (SPEC §6: 42)")
+ap.add_argument("--n-boot", type=int, default=stats.N_BOOT, help="bootstrap resamples (DESIGN.md §6: 10,000)")
+ap.add_argument("--seed", type=int, default=stats.SEED, help="bootstrap RNG seed (DESIGN.md §6: 42)")
 args = ap.parse_args()
 started, t0 = wall_clock()
 run_dir = Path(args.run_dir)
@@ -44,6 +53,8 @@ out_dir = run_dir / "stats"
 # --- inputs: units and runs, each verified against its manifest ---
 units = load_units(run_dir)
 runs = [load_run(run_dir, d) for d in find_runs(run_dir)]
+pending = {"runs": pending_runs(run_dir), "units": [{"unit": u, "why": "unit folder without manifest.json (04_eval "
+                                                    "still running or killed)"} for u in pending_units(run_dir)]}
 if not units and not runs:
     raise SystemExit(f"{run_dir} holds no eval unit (evals/*/*/*/scores.json) and no training run; run 02/03/04 first")
 inputs = {}
@@ -75,6 +86,8 @@ pair = PAIRS[pair_name]
 print(f"05_stats: {run_dir} pair={pair_name} units={len(units)} runs={len(runs)}")
 
 by_key = {(u.alias, u.benchmark, u.protocol): u for u in units}
+by_rel = {u.rel: u for u in units}
+by_key_unit = by_rel.__getitem__
 
 
 def sampling(u) -> tuple:
@@ -131,9 +144,14 @@ print(f"  teacher-gain gate ({gate['benchmark']}/{gate['protocol']}): {'PASS' if
 
 # --- student gains: every evaluated checkpoint against the student's init ---
 student, missing = [], []
+finished = {r["name"]: r for r in runs}
+in_progress = {r["run"] for r in pending["runs"]}
 for u in units:
     m = u.model
     if m.get("train_run") is None:
+        continue
+    if m["train_run"] in in_progress:
+        pending["units"].append({"unit": u.rel, "why": f"its training run train/{m['train_run']} has not finished"})
         continue
     init = m.get("student_init")
     if not init:
@@ -148,21 +166,58 @@ for u in units:
         missing.append({"unit": u.rel, "student_init": init, "benchmark": u.benchmark, "protocol": u.protocol})
         continue
     g = compare(base, u)
-    g.update(run=m["train_run"], step=int(m["train_step"]), student_init=init)
+    run = finished.get(m["train_run"])
+    reward, seed = (run["reward"], run["seed"]) if run else run_identity({}, None, m["train_run"])
+    g.update(run=m["train_run"], step=int(m["train_step"]), student_init=init, reward=reward, training_seed=seed,
+             run_last_checkpoint=run["checkpoints"][-1] if run and run["checkpoints"] else None)
     student.append(g)
 student.sort(key=lambda g: (g["run"], g["step"], g["benchmark"], g["protocol"], g["alias_b"]))
-terminal = {}
+latest = {}                           # (run, benchmark, protocol) → its latest evaluated step
 for g in student:
-    terminal[g["run"]] = max(terminal.get(g["run"], g["step"]), g["step"])
+    k = (g["run"], g["benchmark"], g["protocol"])
+    latest[k] = max(latest.get(k, g["step"]), g["step"])
 for g in student:
-    g["terminal"] = g["step"] == terminal[g["run"]]
+    g["latest"] = g["step"] == latest[(g["run"], g["benchmark"], g["protocol"])]
     print(f"  student {g['run']}@{g['step']} {g['benchmark']}/{g['protocol']}: {stats.format_gain(g)}")
 scan = stats.gain_scan(student)
 print(f"  gain scan: {scan}")
+# the latest checkpoint of a finished run not yet evaluated where other runs' latest checkpoints were: pending
+final_keys = {(g["benchmark"], g["protocol"]) for g in student if g["latest"]}
+for r in runs:
+    for b, p in sorted(final_keys):
+        if r["checkpoints"] and not any(g["run"] == r["name"] and g["step"] == r["checkpoints"][-1] and
+                                        (g["benchmark"], g["protocol"]) == (b, p) for g in student):
+            pending["units"].append({"unit": f"evals/{r['name']}-step{r['checkpoints'][-1]}/{b}/{p}",
+                                     "why": f"train/{r['name']}'s last checkpoint is not evaluated on {b}/{p} yet"})
+
+# --- per reward: each training seed's latest evaluated checkpoint, and the gain pooled over seeds ---
+by_reward = []
+for reward, b, p in sorted({(g["reward"], g["benchmark"], g["protocol"]) for g in student if g["latest"]}):
+    seeds = sorted((g for g in student if g["latest"] and (g["reward"], g["benchmark"], g["protocol"]) == (reward, b, p)),
+                   key=lambda g: g["training_seed"])
+    entry = {"reward": reward, "benchmark": b, "protocol": p, "per_seed": seeds, "pooled": None,
+             "training_seeds": [g["training_seed"] for g in seeds], "steps": [g["step"] for g in seeds]}
+    if len(seeds) > 1:
+        pairs = [(by_key_unit(g["unit_a"]).correct(), by_key_unit(g["unit_b"]).correct()) for g in seeds]
+        entry["pooled"] = stats.pooled_gain(pairs, args.n_boot, args.seed, [(g["unit_a"], g["unit_b"]) for g in seeds])
+    decided = entry["pooled"] or seeds[0]
+    entry["decision"] = {"on": "pooled" if entry["pooled"] else f"seed {seeds[0]['training_seed']}",
+                         **{k: decided[k] for k in ("gain_pp", "ci95_pp", "p", "p_str", "ci_excludes_0")}}
+    by_reward.append(entry)
+# one verdict per (reward, benchmark, protocol): the family whose p-values are Holm-adjusted
+for e, p_adj in zip(by_reward, stats.holm([e["decision"]["p"] for e in by_reward])):
+    d = e["decision"]
+    d["p_holm"] = p_adj
+    d["verdict"] = stats.verdict(d) if p_adj < stats.ALPHA else stats.NOT_SIGNIFICANT
+    print(f"  {e['reward']} {e['benchmark']}/{e['protocol']} seeds {e['training_seeds']}: {d['on']} "
+          f"{stats.format_gain(d)} Holm p={p_adj:.4f} → {d['verdict']}")
+family = {"n_verdicts": len(by_reward), "n_gains_tested": len(student), "adjustment": "holm", "alpha": stats.ALPHA}
 
 # --- transfer ratio: student gain ÷ the pair's teacher gain on the same benchmark and sampling ---
 transfer = []
 for g in student:
+    if g["reward"] == "opd":          # classic OPD distils one teacher: π_post − π_pre is not its premise
+        continue
     same = [t for t in teacher if t["benchmark"] == g["benchmark"] and t["protocol"] == g["protocol"]]
     if not same:
         s_unit = by_key[(g["alias_b"], g["benchmark"], g["protocol"])]
@@ -171,7 +226,8 @@ for g in student:
     if not same:
         continue
     t = same[0]
-    transfer.append({"run": g["run"], "step": g["step"], "terminal": g["terminal"], "benchmark": g["benchmark"],
+    transfer.append({"run": g["run"], "reward": g["reward"], "step": g["step"], "latest": g["latest"],
+                     "benchmark": g["benchmark"],
                      "protocol": g["protocol"], "teacher_protocol": t["protocol"],
                      "teacher_gain_pp": t["gain_pp"], "teacher_ci95_pp": t["ci95_pp"],
                      "student_gain_pp": g["gain_pp"], "student_ci95_pp": g["ci95_pp"],
@@ -221,12 +277,11 @@ for r in runs:
     wr = [finite(m.get("delta_opd/weighted_reward_mean")) for m in met]
     wr = [x for x in wr if x is not None]
     gn = [(finite(m.get("actor/grad_norm")), m["step"]) for m in met if finite(m.get("actor/grad_norm")) is not None]
-    # the trainer's own live watch (summary.json: longest_clip90_run is a length there) must agree with the metrics
-    mine = {"collapse_onset_step": watch["collapse_onset_step"], "length_runaway_step": watch["length_runaway_step"],
-            "longest_clip90_run": watch["longest_clip90_len"]}
+    # the trainer's own live watch (summary.json: longest_clip90_run, a length) must agree with the metrics
+    mine = {k: watch[k] for k in ("collapse_onset_step", "length_runaway_step", "longest_clip90_run")}
     recorded = {k: summ[k] for k in mine if k in summ}
     training.append({
-        "run": r["name"], "dir": r["rel"], "pair": summ.get("pair"), "reward": summ.get("reward"),
+        "run": r["name"], "dir": r["rel"], "pair": summ.get("pair"), "reward": r["reward"], "seed": r["seed"],
         "student": summ.get("student"), "steps_planned": summ.get("steps"), "steps_logged": len(met),
         "first_step": met[0]["step"], "last_step": met[-1]["step"], "checkpoints": r["checkpoints"],
         "watch": watch, "summary_watch": recorded,
@@ -257,11 +312,49 @@ if (raft_dir / "stats.json").exists():
 elif raft_dir.exists():
     print(f"  note: {raft_dir} exists without stats.json (07_raft has not finished); RAFT section left empty")
 
+# --- the main pair's gates (01_gates writes gates/<gate>.json and gates/manifest.json) ---
+gates = {"present": False}
+gates_dir = run_dir / "gates"
+if (gates_dir / "manifest.json").exists():
+    gm = verify_dir(gates_dir)
+    inputs["gates/manifest.json"] = sha256_file(gates_dir / "manifest.json")
+    rows = []
+    for name, status in gm.get("gates", {}).items():
+        rep = read_json(gates_dir / f"{name}.json")
+        inputs[f"gates/{name}.json"] = gm["outputs"][f"{name}.json"]
+        rows.append({"gate": name, "status": status, "allowed": name in gm.get("allowed", []),
+                     "carried": name in gm.get("carried", []), "summary": rep.get("summary", ""),
+                     "reasons": rep.get("reasons", []), "warnings": rep.get("warnings", [])})
+        if name == "anatomy" and "token_mean_delta" in rep:
+            gates["anatomy"] = {k: rep.get(k) for k in ("n_sequences", "n_tokens", "token_mean_delta",
+                                                        "student_weighted_mean", "pos_frac", "abs_mean_delta",
+                                                        "interior_mean_delta", "stop", "logp_stop_at_answer_end",
+                                                        "accuracy", "stop_rate", "mean_tokens", "auroc", "models")}
+    gates.update(present=True, pair=gm.get("args", {}).get("pair"), passed=gm.get("passed"), gates=rows)
+elif gates_dir.exists():
+    print(f"  note: {gates_dir} has no manifest.json (01_gates has not finished); gates reported as pending")
+    gates["pending"] = True
+
+# --- the time ledger: the manifests on disk, plus earlier runs whose manifests a rerun overwrote ---
+previous = []
+if (out_dir / "ledger.json").exists() and (out_dir / "manifest.json").exists():
+    try:
+        verify_dir(out_dir, ["ledger.json"])
+        previous = read_json(out_dir / "ledger.json")["runs"]
+    except (ArtifactError, KeyError):
+        print(f"  note: {out_dir}/ledger.json does not match its manifest; earlier reruns are not carried over")
+current = manifest_runs(run_dir, exclude=("report",))
+ledger = {"runs": sorted(current + earlier_runs(previous, current), key=lambda r: (r["dir"], r["started"] or ""))}
+
 # --- write ---
 for name, obj in {
     "teacher_gains.json": {"pair": pair_name, "pi_pre": pair.pi_pre, "pi_post": pair.pi_post, "gate": gate,
                            "gains": teacher, "n_boot": args.n_boot, "seed": args.seed},
-    "student_gains.json": {"pair": pair_name, "gains": student, "scan": scan, "missing_baselines": missing},
+    "student_gains.json": {"pair": pair_name, "gains": student, "scan": scan, "missing_baselines": missing,
+                           "by_reward": by_reward, "family": family},
+    "pending.json": pending,
+    "gates.json": gates,
+    "ledger.json": ledger,
     "transfer.json": {"pair": pair_name, "min_teacher_gain_pp": stats.MIN_TEACHER_GAIN_PP, "ratios": transfer},
     "cap_sensitivity.json": {"pair": pair_name, "views": cap_views},
     "diagnostics.json": {"units": diag},
@@ -272,6 +365,7 @@ for name, obj in {
 write_manifest(out_dir, stage="05_stats", script=__file__, args=vars(args),
                inputs={k: {"path": k, "sha256": v} for k, v in sorted(inputs.items())},
                outputs=["teacher_gains.json", "student_gains.json", "transfer.json",   # relative to out_dir
-                        "cap_sensitivity.json", "diagnostics.json", "training.json", "raft.json"],
+                        "cap_sensitivity.json", "diagnostics.json", "training.json", "raft.json",
+                        "pending.json", "gates.json", "ledger.json"],
                started=started, wall_s=time.monotonic() - t0, extra={"pair": pair_name})
 print(f"05_stats: wrote {out_dir}")

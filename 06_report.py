@@ -1,13 +1,16 @@
-"""06_report — the campaign's report, rebuilt from files only (SPEC §11; the source report is the model).
+"""06_report — the campaign's report, rebuilt from files only (DESIGN.md §11; the source report is the model).
 
 Reads `stats/*.json` (05_stats, verified against stats/manifest.json), re-checks the sha256 of every input 05_stats
-recorded, and sums the time ledger from every manifest.json under the campaign directory (report/ excluded).
+recorded, and sums the time ledger from every manifest.json under the campaign directory (report/ excluded) plus the
+earlier runs whose manifests a rerun overwrote (kept by 05_stats in stats/ledger.json).
 Writes `report/`:
 
-    README.md          TL;DR generated from the numbers, then tables: teacher gains and the gate, training dynamics
-                       and the collapse watch, student gain per checkpoint, transfer ratio (five guards), gain scan,
-                       per-unit diagnostics, answer-format split, truncation, cap sensitivity, RAFT, alignment audit,
-                       time ledger. Each table names the file its numbers come from.
+    README.md          TL;DR generated from the numbers (the verdict per reward on its latest evaluated checkpoint,
+                       pooled over training seeds, Holm-adjusted), then tables: teacher gains and the gate, the main
+                       pair's gates (01_gates), training dynamics and the collapse watch, student gain per checkpoint,
+                       per reward each seed and the pooled gain, the Direct-OPD transfer ratio (five guards), gain
+                       scan, per-unit diagnostics, answer-format split, truncation, cap sensitivity, RAFT, alignment
+                       audit, time ledger (reruns included), pending runs and units. Each table names its source.
     figures/*.png      teacher gains, student gain per checkpoint (collapse band shaded), teacher vs student gain,
                        training curves per run, answer-format split, RAFT loss
     MANIFEST.json      every input file (relative to the campaign directory) with its sha256
@@ -15,7 +18,7 @@ Writes `report/`:
     manifest.json      the stage manifest (the only file here that holds times)
 
 A rebuild from the same inputs is byte-identical (README, figures, MANIFEST.json, CHECKSUMS.sha256). Verdicts follow
-SPEC §6: a gain counts only when its 95 % CI excludes 0.
+DESIGN.md §6: a gain counts only when its 95 % CI excludes 0.
 
 RAFT section: reads stats/raft.json, i.e. raft/stats.json as 07_raft writes it, with these keys (all optional):
     base (π_pre alias), k, n_prompts, kept, keep_rate_pct, keep_rate_by_level_pct {level: pct},
@@ -39,11 +42,16 @@ from pathlib import Path
 from lib import figures
 from lib.artifacts import (ArtifactError, atomic_write_json, atomic_write_text, read_json, sha256_file, verify_dir,
                            wall_clock, write_manifest)
-from lib.campaign import find_runs, find_units, time_ledger
+from lib.campaign import earlier_runs, find_runs, find_units, manifest_runs, time_ledger
 from lib.registry import PAIRS
 from lib.stats import format_gain, verdict
 
-STATS = ("teacher_gains", "student_gains", "transfer", "cap_sensitivity", "diagnostics", "training", "raft")
+STATS = ("teacher_gains", "student_gains", "transfer", "cap_sensitivity", "diagnostics", "training", "raft", "pending",
+         "gates", "ledger")
+# what each reward is, in its own terms: classic OPD has one teacher, Direct-OPD rewards the π_post − π_pre shift
+REWARD_NAMES = {"opd": "classic OPD, one teacher", "delta-sampled": "Direct-OPD, sampled-token shift reward",
+                "delta-topk": "Direct-OPD, weighted top-K shift reward"}
+REWARD_SHORT = {"opd": "OPD reward", "delta-sampled": "shift reward", "delta-topk": "weighted shift reward"}
 
 # --- args ---
 ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -69,9 +77,10 @@ unread = [d.relative_to(run_dir).as_posix() for d in find_units(run_dir) + find_
 if unread:
     raise ArtifactError(f"{', '.join(unread[:5])} appeared after 05_stats ran, so stats/ does not cover them; "
                         f"re-run 05_stats.py --run-dir {run_dir} before building the report")
-ledger = time_ledger(run_dir)
+ledger = time_ledger(run_dir, earlier=earlier_runs(S["ledger"]["runs"], manifest_runs(run_dir)))
 for r in ledger["runs"]:
-    files.setdefault(r["manifest"], sha256_file(run_dir / r["manifest"]))
+    if r["kind"] == "latest":        # earlier runs' rows come from stats/ledger.json, already listed
+        files.setdefault(r["manifest"], sha256_file(run_dir / r["manifest"]))
 
 for old in fig_dir.glob("*.png"):   # figures are rebuilt from scratch; nothing stale survives
     old.unlink()
@@ -95,6 +104,11 @@ def num(x, nd=3):
     return "—" if x is None else (str(x) if isinstance(x, int) else f"{x:.{nd}f}")
 
 
+def cell(text: str) -> str:
+    """Free text in a table cell: a `|` (e.g. in `<|im_start|>`) escaped so it does not split the cell; "—" if empty."""
+    return text.replace("|", "\\|") or "—"
+
+
 def table(head: list[str], rows: list[list], source: str) -> None:
     if not rows:
         L.extend(["_(no rows)_", ""])
@@ -109,19 +123,19 @@ def figure(path: str, alt: str) -> None:
     L.extend([f"![{alt}](figures/{Path(path).name})", ""])
 
 
-def level_table(entries: list[dict], label, source: str) -> None:
+def level_table(entries: list[dict], label_head: list[str], label, source: str) -> None:
     """Per-level paired gains (`by_level` of each comparison): where on the difficulty scale a gain lives."""
     rows = [[*label(e), lv, pct(r["acc_a"], 2), pct(r["acc_b"], 2), pp(r["gain_pp"]), ci(r["ci95_pp"]), r["p_str"],
              verdict(r), r["n_problems"]] for e in entries for lv, r in e.get("by_level", {}).items()]
     if rows:
-        table(["", "", "", "level", "a acc", "b acc", "gain (pp)", "95 % CI", "p", "verdict", "problems"], rows, source)
+        table([*label_head, "level", "a acc", "b acc", "gain (pp)", "95 % CI", "p", "verdict", "problems"], rows, source)
 
 
 def slug(s: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", s)
 
 
-T, SG, TR, CAP, DG, TRN, RAFT = (S[k] for k in STATS)
+T, SG, TR, CAP, DG, TRN, RAFT, PEND, GATES, LEDGER = (S[k] for k in STATS)
 teacher, student, ratios, runs, diag = T["gains"], SG["gains"], TR["ratios"], TRN["runs"], DG["units"]
 diag_by_unit = {d["unit"]: d for d in diag}
 gate = T["gate"]
@@ -139,46 +153,69 @@ if gate_entry:
                 f"— π_post − π_pre = {format_gain(gate_entry)} ({gate['reason']}).")
 else:
     tldr.append(f"**Teacher-gain gate: not measured** — no paired π_pre/π_post units on {gate['benchmark']}.")
-scan = SG["scan"]
+if GATES.get("present"):
+    tldr.append(f"Gates of pair `{GATES['pair']}` (01_gates): " + ", ".join(
+        f"{g['gate']} **{g['status']}**" + (" (allowed)" if g["allowed"] and g["status"] == "FAIL" else "")
+        for g in GATES["gates"]) + " (§1.1).")
+else:
+    tldr.append("Gates (01_gates): " + ("pending (gates/ has no manifest.json yet)." if GATES.get("pending")
+                                        else "not run in this campaign directory."))
+scan, fam = SG["scan"], SG["family"]
+decided = {}                         # (reward, benchmark) → its verdict row: the primary protocol, else the first evaluated
+for e in SG["by_reward"]:
+    k = (e["reward"], e["benchmark"])
+    if k not in decided or (e["protocol"] == primary.get(e["benchmark"]) != decided[k]["protocol"]):
+        decided[k] = e
+decided = sorted(decided.values(), key=lambda e: (e["reward"], e["benchmark"]))
+for e in decided:
+    d, seeds = e["decision"], e["training_seeds"]
+    steps = sorted(set(e["steps"]))
+    on = (f"pooled over training seeds {', '.join(map(str, seeds))}" if e["pooled"] else f"training seed {seeds[0]}")
+    tldr.append(f"`{e['reward']}` ({REWARD_NAMES.get(e['reward'], e['reward'])}) on {e['benchmark']}/{e['protocol']}, "
+                f"latest evaluated checkpoint (step {', '.join(map(str, steps))}), {on}: gain {format_gain(d)}, "
+                f"Holm-adjusted p = {d['p_holm']:.4f} → **{d['verdict']}**.")
 if student:
-    pos = [g for g in student if verdict(g) == "gain"]
-    v = ("**capability transfer detected** at " + ", ".join(f"{g['run']}@{g['step']} {g['benchmark']}/{g['protocol']} "
-         f"{format_gain(g)}" for g in pos)) if pos else "**no detectable transfer**"
-    tldr.append(f"Of {scan['n']} paired student gains (every evaluated checkpoint against the student's init), "
-                f"{scan['positive_significant']} are positive with a 95 % CI excluding 0 and "
-                f"{scan['negative_significant']} negative with a CI excluding 0: {v}.")
+    tldr.append(f"Multiple comparisons: {fam['n_verdicts']} verdicts are drawn (one per reward × benchmark × protocol at "
+                f"the latest evaluated checkpoint, pooled over seeds where there are several), their p-values "
+                f"Holm-adjusted, a verdict needing adjusted p < {fam['alpha']} and a CI excluding 0. In all "
+                f"{scan['n']} paired student gains were tested (every evaluated checkpoint); unadjusted, "
+                f"{scan['positive_significant']} have a CI above 0 and {scan['negative_significant']} below 0.")
 else:
     tldr.append("No trained checkpoint has been evaluated yet: there is no student gain to report.")
-term = [r for r in ratios if r["terminal"]]
-if term:
+latest_ratios = [r for r in ratios if r["latest"]]
+if latest_ratios:
     shown = [f"{r['run']}@{r['step']} {r['benchmark']}/{r['protocol']}: " +
              (f"ratio {r['ratio']:.3f}" if r["ratio"] is not None else "withheld (" + ", ".join(r["failed"]) + ")")
-             for r in term]
-    tldr.append("Transfer ratio at the terminal checkpoint — " + "; ".join(shown) + ".")
+             for r in latest_ratios]
+    tldr.append("Direct-OPD transfer ratio (student gain ÷ π_post − π_pre) at the latest evaluated checkpoint — "
+                + "; ".join(shown) + ".")
 for r in runs:
     w = r["watch"]
     tldr.append(f"Run `{r['run']}` ({r['steps_logged']} steps): " +
                 (f"termination collapse, onset step {w['collapse_onset_step']} (band {w['collapse_band'][0]}–"
                  f"{w['collapse_band'][1]})" if w["collapse_onset_step"] is not None else
                  f"no collapse (peak clip ratio {num(w['peak_clip_ratio'])})") +
-                f"; weighted shift reward negative on {r['weighted_reward']['n_negative']} of "
-                f"{r['weighted_reward']['n']} steps.")
+                f"; {REWARD_SHORT.get(r['reward'], 'reward')} mean negative on {r['weighted_reward']['n_negative']} "
+                f"of {r['weighted_reward']['n']} steps.")
 for v in CAP["views"]:
     if (v["benchmark"], v["protocol"]) == (gate["benchmark"], gate["protocol"]):
         tldr.append(f"Cap sensitivity on {v['benchmark']}/{v['protocol']}: π_post held to π_pre's {v['cap']} tokens, "
                     f"over-cap-as-wrong gain {format_gain(v['over_cap_as_wrong'])} (native {format_gain(v['native'])}).")
 key = (gate["benchmark"], primary.get(gate["benchmark"]))
 inits = [d for d in diag if d["role"] == "student_init" and (d["benchmark"], d["protocol"]) == key]
+last_step = {(g["run"]): g["step"] for g in student if g["latest"] and (g["benchmark"], g["protocol"]) == key}
 ckpts = sorted((d for d in diag if d["role"] == "checkpoint" and (d["benchmark"], d["protocol"]) == key and
-                d["train_step"] == max(g["step"] for g in student if g["run"] == d["train_run"])),
-               key=lambda d: (d["train_run"], d["alias"]))
+                d["train_step"] == last_step.get(d["train_run"])), key=lambda d: (d["train_run"], d["alias"]))
 if inits and ckpts:
     i = inits[0]
     tldr.append(f"Style and termination on {key[0]}/{key[1]}: " + "; ".join(
         f"`{d['train_run']}`@{d['train_step']} answer_line {pct(i['extractor_pct']['answer_line'])} % → "
         f"{pct(d['extractor_pct']['answer_line'])} %, boxed {pct(i['extractor_pct']['boxed'])} % → "
         f"{pct(d['extractor_pct']['boxed'])} %, truncation {pct(i['truncation_pct'])} % → {pct(d['truncation_pct'])} % "
-        f"(student init → terminal checkpoint)" for d in ckpts) + ".")
+        f"(student init → latest evaluated checkpoint)" for d in ckpts) + ".")
+if PEND["runs"] or PEND["units"]:
+    tldr.append(f"Pending: {len(PEND['runs'])} training run(s) and {len(PEND['units'])} eval unit(s) are not finished "
+                f"and are not counted (§9).")
 tot = ledger["total"]
 tldr.append(f"Time: {tot['n_runs']} stage runs, {num(tot['wall_s'], 1)} s wall-clock, {num(tot['gpu_s'], 1)} "
             f"GPU-seconds (time ledger below).")
@@ -196,13 +233,41 @@ L += ["## 1. Teacher gains — the premise", ""]
 table(["benchmark", "protocol", "π_pre acc", "π_post acc", "gain (pp)", "95 % CI", "p", "problems", "seeds"],
       [[t["benchmark"], t["protocol"], pct(t["acc_a"], 2), pct(t["acc_b"], 2), pp(t["gain_pp"]), ci(t["ci95_pp"]),
         t["p_str"], t["n_problems"], t["n_seeds"]] for t in teacher], "`stats/teacher_gains.json`")
-L += [f"Teacher-gain gate (SPEC §6: paired gain on {gate['benchmark']} > 0 with a CI excluding 0): "
+L += [f"Teacher-gain gate (DESIGN.md §6: paired gain on {gate['benchmark']} > 0 with a CI excluding 0): "
       f"**{'PASS' if gate['pass'] else 'FAIL'}** — {gate['reason']}.", ""]
-L += ["By difficulty level (a = π_pre, b = π_post):", ""]
-level_table(teacher, lambda t: [t["benchmark"], t["protocol"], "π_post − π_pre"], "`stats/teacher_gains.json` (by_level)")
+L += ["By difficulty level (a = π_pre, b = π_post; descriptive: each verdict at its own 95 % CI, unadjusted):", ""]
+level_table(teacher, ["benchmark", "protocol", "comparison"], lambda t: [t["benchmark"], t["protocol"], "π_post − π_pre"],
+            "`stats/teacher_gains.json` (by_level)")
 if teacher:
     figure(figures.gains_forest([(f"{t['benchmark']}/{t['protocol']}", t) for t in teacher],
                                 "teacher gain π_post − π_pre", fig_dir / "teacher_gains.png"), "teacher gains")
+
+# --- 1.1 the main pair's gates ---
+L += ["### 1.1 Gates of the main pair (01_gates)", ""]
+if GATES.get("present"):
+    table(["gate", "verdict", "allowed", "kept from an earlier run", "summary", "failures", "warnings"],
+          [[g["gate"], g["status"], "yes" if g["allowed"] else "no", "yes" if g["carried"] else "no",
+            cell(g["summary"]), cell("; ".join(g["reasons"])), cell("; ".join(g["warnings"]))] for g in GATES["gates"]],
+          "`stats/gates.json`")
+    an = GATES.get("anatomy")
+    if an:
+        lp, auc, st = an["logp_stop_at_answer_end"], an["auroc"], an["stop"]
+        models = ", ".join(f"{k} `{v}`" for k, v in sorted(an["models"].items()))
+        L += [f"Shift anatomy (Δ = log π_post − log π_pre on the student's own samples; {models}):", ""]
+        table(["measure", "value"],
+              [["sequences", an["n_sequences"]], ["tokens", an["n_tokens"]],
+               ["token-mean Δ", num(an["token_mean_delta"], 4)], ["student-weighted mean Δ", num(an["student_weighted_mean"], 4)],
+               ["fraction of tokens with Δ > 0", num(an["pos_frac"], 4)], ["mean abs Δ", num(an["abs_mean_delta"], 4)],
+               ["interior-token mean Δ", num(an["interior_mean_delta"], 4)],
+               ["Δ at the final stop token (mean)", num(st["mean_delta"], 4)], ["stopped sequences", st["n"]],
+               ["log p(stop) at answer ends, π_pre", num(lp.get("pi_pre"), 4)],
+               ["log p(stop) at answer ends, π_post", num(lp.get("pi_post"), 4)],
+               ["student accuracy on these samples", num(an["accuracy"], 4)], ["stop rate", num(an["stop_rate"], 4)],
+               ["AUROC of sequence-mean Δ, length-controlled", num(auc.get("length_controlled"), 4)]],
+              "`stats/gates.json` (anatomy)")
+else:
+    L += ["pending: 01_gates has not finished in this campaign directory." if GATES.get("pending") else
+          "01_gates has not run in this campaign directory: no gate to show.", ""]
 
 # --- 2. training dynamics ---
 L += ["## 2. Training dynamics and the collapse watch", "",
@@ -220,14 +285,14 @@ for r in runs:
     w, wr = r["watch"], r["weighted_reward"]
     kl, ent = ends(r, "actor/kl_coef"), ends(r, "actor/entropy")
     band = f"{w['collapse_band'][0]}–{w['collapse_band'][1]}" if w["collapse_band"] else "—"
-    c90 = f"{w['longest_clip90_run'][0]}–{w['longest_clip90_run'][1]}" if w["longest_clip90_run"] else "—"
+    c90 = f"{w['longest_clip90_span'][0]}–{w['longest_clip90_span'][1]}" if w["longest_clip90_span"] else "—"
     gn = r["grad_norm_peak"]
-    rows.append([r["run"], r["reward"] or "—", r["steps_logged"], num(w["collapse_onset_step"]),
+    rows.append([r["run"], r["reward"] or "—", r["seed"], r["steps_logged"], num(w["collapse_onset_step"]),
                  num(w["length_runaway_step"]), band, c90, num(w["peak_clip_ratio"]), num(wr["first"], 4),
                  num(wr["last"], 4), f"{wr['n_negative']}/{wr['n']}", num(kl[0]), num(kl[1]), num(ent[0]), num(ent[1]),
                  f"{num(gn['value'], 2)} @ {gn['step']}" if gn else "—", "yes" if r["watch_agrees"] else "**NO**"])
-table(["run", "reward", "steps", "onset", "runaway", "band", "clip>0.9 run", "peak clip", "w. reward first",
-       "w. reward last", "w. reward < 0", "KL coef first", "KL coef last", "entropy first", "entropy last",
+table(["run", "reward", "training seed", "steps", "onset", "runaway", "band", "clip>0.9 span", "peak clip",
+       "reward mean first", "reward mean last", "reward mean < 0", "KL coef first", "KL coef last", "entropy first", "entropy last",
        "grad-norm peak", "summary.json agrees"], rows, "`stats/training.json`")
 for r in runs:
     figure(figures.training_curves(r, fig_dir / f"training_{slug(r['run'])}.png"), f"training curves {r['run']}")
@@ -235,18 +300,21 @@ for r in runs:
 # --- 3. student gains ---
 L += ["## 3. Student gain per checkpoint", "",
       "Each row: the checkpoint's unit against the student's init, paired by problem; when the checkpoint unit has "
-      "fewer seeds (curve protocol) the init is restricted to the same seeds; a reduced unit pairs on its own problems.", ""]
+      "fewer seeds (curve protocol) the init is restricted to the same seeds; a reduced unit pairs on its own problems. "
+      "Each verdict here is at its own 95 % CI, unadjusted; the verdicts the TL;DR draws (Holm-adjusted) are in §3.1.", ""]
 table(["run", "step", "unit", "benchmark", "protocol", "init acc", "ckpt acc", "gain (pp)", "95 % CI", "p", "verdict",
        "problems", "seeds", "ckpt truncation %"],
       [[g["run"], g["step"], g["alias_b"], g["benchmark"], g["protocol"], pct(g["acc_a"], 2), pct(g["acc_b"], 2), pp(g["gain_pp"]),
         ci(g["ci95_pp"]), g["p_str"], verdict(g), g["n_problems"], g["n_seeds"],
         pct(diag_by_unit[g["unit_b"]]["truncation_pct"])] for g in student], "`stats/student_gains.json`, "
       "`stats/diagnostics.json` (truncation)")
-L += ["By difficulty level (a = the student's init, b = the checkpoint):", ""]
-level_table(student, lambda g: [g["run"], f"step {g['step']}", f"{g['benchmark']}/{g['protocol']}"],
-            "`stats/student_gains.json` (by_level)")
+L += ["By difficulty level (a = the student's init, b = the checkpoint; descriptive: each verdict at its own 95 % CI, "
+      "unadjusted):", ""]
+level_table(student, ["run", "step", "benchmark", "protocol"],
+            lambda g: [g["run"], g["step"], g["benchmark"], g["protocol"]], "`stats/student_gains.json` (by_level)")
 L += [f"Gain scan: {scan['n']} paired student gains — {scan['positive_significant']} positive-significant, "
-      f"{scan['negative_significant']} negative-significant, {scan['null']} null. Source: `stats/student_gains.json`", ""]
+      f"{scan['negative_significant']} negative-significant, {scan['not_significant']} not significant (each at its own "
+      f"95 % CI, before any multiple-comparison adjustment). Source: `stats/student_gains.json`", ""]
 if SG["missing_baselines"]:
     L += ["Checkpoint units without a comparable student-init unit (not counted): " +
           ", ".join(f"`{m['unit']}`" for m in SG["missing_baselines"]), ""]
@@ -259,19 +327,40 @@ for bench, proto in sorted({(g["benchmark"], g["protocol"]) for g in student}):
     figure(figures.student_curve(series, {k: bands.get(k) for k in series}, f"student gain — {bench}/{proto}",
                                  fig_dir / f"student_gain_{slug(bench)}_{slug(proto)}.png"), f"student gain {bench}")
 
+# --- 3.1 per reward: training seeds and the pooled gain ---
+L += ["### 3.1 Per reward: each training seed's latest evaluated checkpoint, and the pooled gain", "",
+      "Pooled = per problem the mean over training seeds of the paired difference (checkpoint − init), bootstrapped "
+      f"over problems. Holm adjusts the p of the {fam['n_verdicts']} verdict rows (pooled where there are several "
+      "seeds, else the one seed); a verdict needs adjusted p < 0.05 and a CI excluding 0.", ""]
+rows = []
+for e in SG["by_reward"]:
+    for g in e["per_seed"]:
+        rows.append([e["reward"], e["benchmark"], e["protocol"], f"seed {g['training_seed']}", g["step"],
+                     pct(g["acc_a"], 2), pct(g["acc_b"], 2), pp(g["gain_pp"]), ci(g["ci95_pp"]), g["p_str"], "—",
+                     verdict(g)])
+    d = e["decision"]
+    src = e["pooled"] or e["per_seed"][0]
+    rows.append([e["reward"], e["benchmark"], e["protocol"], f"**{d['on']}** (decides)", "—", pct(src["acc_a"], 2),
+                 pct(src["acc_b"], 2), pp(d["gain_pp"]), ci(d["ci95_pp"]), d["p_str"], f"{d['p_holm']:.4f}",
+                 f"**{d['verdict']}**"])
+table(["reward", "benchmark", "protocol", "row", "step", "init acc", "ckpt acc", "gain (pp)", "95 % CI", "p", "Holm p",
+       "verdict"], rows, "`stats/student_gains.json` (by_reward)")
+
 # --- 4. transfer ratio ---
-L += ["## 4. Transfer ratio (five guards)", "",
-      f"student gain ÷ teacher gain, printed only when |teacher gain| ≥ {TR['min_teacher_gain_pp']} pp, teacher gain > 0, "
+L += ["## 4. Transfer ratio of the Direct-OPD runs (five guards)", "",
+      "Direct-OPD distils the shift π_post − π_pre, so its student gain is read against that teacher gain; classic "
+      "OPD distils one teacher and has no such ratio. "
+      f"Student gain ÷ teacher gain, printed only when |teacher gain| ≥ {TR['min_teacher_gain_pp']} pp, teacher gain > 0, "
       "its CI excludes 0, student gain > 0 and the student CI excludes 0; otherwise the failed guards are named.", ""]
 table(["run", "step", "benchmark", "protocol", "teacher protocol", "teacher gain", "teacher CI", "student gain",
        "student CI", "ratio"],
       [[r["run"], r["step"], r["benchmark"], r["protocol"], r["teacher_protocol"], pp(r["teacher_gain_pp"]), ci(r["teacher_ci95_pp"]),
         pp(r["student_gain_pp"]), ci(r["student_ci95_pp"]),
         num(r["ratio"]) if r["ratio"] is not None else "withheld: " + ", ".join(r["failed"])]
-       for r in ratios if r["terminal"]], "`stats/transfer.json` (terminal checkpoints; every checkpoint is in the file)")
+       for r in ratios if r["latest"]], "`stats/transfer.json` (latest evaluated checkpoints; every checkpoint is in the file)")
 pts = []
 for r in ratios:
-    if r["terminal"]:
+    if r["latest"]:
         t = {"gain_pp": r["teacher_gain_pp"], "ci95_pp": r["teacher_ci95_pp"]}
         s = {"gain_pp": r["student_gain_pp"], "ci95_pp": r["student_ci95_pp"]}
         pts.append({"label": f"{r['run']} {r['benchmark']}/{r['protocol']}", "teacher": t, "student": s})
@@ -327,7 +416,7 @@ if not RAFT["present"]:
 else:
     rs = RAFT["stats"]
     g1 = rs.get("gate_g1") or {}
-    table(["prompts", "k", "kept", "keep rate %", "gate G1", "|Δ log p| per token", "EOS probe π_pre", "EOS probe RAFT"],
+    table(["prompts", "k", "kept", "keep rate %", "gate G1", "mean abs Δ log p per token", "EOS probe π_pre", "EOS probe RAFT"],
           [[num(rs.get("n_prompts")), num(rs.get("k")), num(rs.get("kept")), pct(rs.get("keep_rate_pct")),
             ("PASS" if g1.get("pass") else "FAIL") + (f" (≥ {g1['threshold']})" if "threshold" in g1 else "") if g1 else "—",
             num(rs.get("shift_abs_dlogp_per_token"), 4), num((rs.get("eos_probe") or {}).get("pi_pre"), 6),
@@ -382,12 +471,23 @@ L += ["## 8. Time ledger", "", "Summed from every manifest.json under the campai
 table(["stage", "runs", "wall-clock s", "GPU-seconds"],
       [[k, v["n_runs"], num(v["wall_s"], 1), num(v["gpu_s"], 1)] for k, v in ledger["stages"].items()] +
       [["**total**", tot["n_runs"], num(tot["wall_s"], 1), num(tot["gpu_s"], 1)]], "the manifests listed below")
-table(["directory", "stage", "wall-clock s", "GPU-seconds"],
-      [[f"`{r['dir']}`", r["stage"], num(r["wall_s"], 1), num(r["gpu_s"], 1)] for r in ledger["runs"]],
-      "each row's `manifest.json`")
+table(["directory", "stage", "run", "started", "wall-clock s", "GPU-seconds"],
+      [[f"`{r['dir']}`", r["stage"], r["kind"], r["started"] or "—", num(r["wall_s"], 1), num(r["gpu_s"], 1)]
+       for r in ledger["runs"]], "each row's `manifest.json`; overwritten reruns from `stats/ledger.json`")
 
-# --- 9. reproduction ---
-L += ["## 9. Rebuilding this report", "", "```", f"python 05_stats.py --run-dir runs/{run_dir.name} --pair {T['pair']}",
+# --- 9. pending ---
+L += ["## 9. Pending", "", "Training runs without manifest.json and eval units not finished (or not yet run) are "
+      "left out of every number above; rerun the campaign's command to finish them, then 05 and 06.", ""]
+if PEND["runs"] or PEND["units"]:
+    table(["item", "what", "detail"],
+          [[f"`{r['dir']}`", "training run", f"reward {r['reward']}, seed {r['seed']}, "
+            f"{'?' if r['steps_logged'] is None else r['steps_logged']} steps logged"] for r in PEND["runs"]] +
+          [[f"`{u['unit']}`", "eval unit", u["why"]] for u in PEND["units"]], "`stats/pending.json`")
+else:
+    L += ["Nothing pending: every training run and eval unit found is finished.", ""]
+
+# --- 10. reproduction ---
+L += ["## 10. Rebuilding this report", "", "```", f"python 05_stats.py --run-dir runs/{run_dir.name} --pair {T['pair']}",
       f"python 06_report.py --run-dir runs/{run_dir.name}", "```", "",
       "`MANIFEST.json` lists every input with its sha256; `CHECKSUMS.sha256` covers this bundle (`sha256sum -c`).", ""]
 

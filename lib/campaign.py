@@ -1,27 +1,30 @@
-"""Reading a campaign directory (SPEC §11) for the statistics and the report: eval units, training runs, manifests.
+"""Reading a campaign directory (DESIGN.md §11) for the statistics and the report: eval units, training runs, manifests.
 
 Every reader verifies the directory against its manifest first (`lib.artifacts.verify_dir`) and refuses a unit
 whose samples cannot be paired honestly: a (problem, seed) that appears twice, a problem whose seeds differ from the
 unit's declared grid, or a problem count that disagrees with scores.json. The errors name the unit and the ids.
 
 Also here, because both 05_stats and 06_report need them: per-unit diagnostics (truncation, length, answer format,
-extraction and accuracy on truncated samples), the collapse watch of SPEC §7.5 recomputed from metrics.jsonl, and
+extraction and accuracy on truncated samples), the collapse watch of DESIGN.md §7.5 recomputed from metrics.jsonl, and
 the time ledger summed from every manifest under the campaign directory.
 """
 from __future__ import annotations
 
+import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from lib.artifacts import ArtifactError, read_json, read_jsonl, verify_dir
+from lib.opd import CollapseWatch
 
 EXTRACTORS = ("answer_line", "boxed", "none")
-# SPEC §7.4 per-step metrics the report draws; the first six are the training-curve panels
+# DESIGN.md §7.4 per-step metrics the report draws; the first six are the training-curve panels
 CURVE_KEYS = ("response_length/mean", "response_length/clip_ratio", "delta_opd/weighted_reward_mean",
               "actor/kl_coef", "actor/entropy", "actor/grad_norm", "delta_opd/log_ratio_mean",
               "response_length/max", "timing_s/step", "rollout/logprob_gap")
-CLIP_ONSET, CLIP_SINK = 0.5, 0.9      # collapse onset: clip_ratio > 0.5; sink: clip_ratio > 0.9
+CLIP_ONSET, CLIP_SINK = CollapseWatch.onset_clip, CollapseWatch.run_clip   # the trainer's live watch declares them
+DEFAULT_SEED = 42                     # a run that records no seed was trained with 03's default
 
 
 class UnitError(ArtifactError):
@@ -94,8 +97,14 @@ def load_unit(run_dir: Path, unit_dir: Path) -> Unit:
 
 
 def find_units(run_dir: Path) -> list[Path]:
-    """Every evals/<alias>/<benchmark>/<protocol>/ that holds a scores.json, sorted."""
-    return sorted(p.parent for p in (run_dir / "evals").glob("*/*/*/scores.json"))
+    """Every finished evals/<alias>/<benchmark>/<protocol>/ (04 writes its manifest.json last), sorted."""
+    return sorted(p.parent for p in (run_dir / "evals").glob("*/*/*/manifest.json"))
+
+
+def pending_units(run_dir: Path) -> list[str]:
+    """Unit folders still being written (or killed): no manifest.json yet. Reported as pending, never read."""
+    return sorted(p.relative_to(run_dir).as_posix() for p in (run_dir / "evals").glob("*/*/*")
+                  if p.is_dir() and not (p / "manifest.json").exists())
 
 
 def load_units(run_dir: Path) -> list[Unit]:
@@ -107,7 +116,7 @@ def load_units(run_dir: Path) -> list[Unit]:
     return units
 
 
-# --- diagnostics per unit (SPEC §6) ---
+# --- diagnostics per unit (DESIGN.md §6) ---
 
 def diagnostics(rows: list[dict]) -> dict:
     """Truncation, length, answer format, and what truncated samples still extract and score. Percentages."""
@@ -137,9 +146,10 @@ def diagnostics(rows: list[dict]) -> dict:
 # --- training runs ---
 
 def collapse_watch(metrics: list[dict]) -> dict:
-    """SPEC §7.5 from per-step metrics: onset (first clip_ratio > 0.5), length runaway (first mean length > 2× step
-    1's), the longest run of clip_ratio > 0.9, and the collapse band = the contiguous clip_ratio > 0.5 stretch that
-    starts at the onset (what the report shades)."""
+    """DESIGN.md §7.5 from per-step metrics: onset (first clip_ratio > CLIP_ONSET), length runaway (first mean length
+    > 2× step 1's), the longest stretch of clip_ratio > CLIP_SINK as [first, last] step (`longest_clip90_span`; its
+    length is lib.opd.CollapseWatch's `longest_clip90_run`), and the collapse band = the contiguous
+    clip_ratio > CLIP_ONSET stretch that starts at the onset (what the report shades)."""
     steps = [m["step"] for m in metrics]
     clip = [m.get("response_length/clip_ratio") for m in metrics]
     length = [m.get("response_length/mean") for m in metrics]
@@ -164,13 +174,23 @@ def collapse_watch(metrics: list[dict]) -> dict:
                     break
                 end = s
         band = [onset, end]
-    return {"collapse_onset_step": onset, "length_runaway_step": runaway, "longest_clip90_run": best,
-            "longest_clip90_len": (best[1] - best[0] + 1) if best else 0, "collapse_band": band,
+    return {"collapse_onset_step": onset, "length_runaway_step": runaway, "longest_clip90_span": best,
+            "longest_clip90_run": (best[1] - best[0] + 1) if best else 0, "collapse_band": band,
             "peak_clip_ratio": max((c for c in clip if c is not None), default=None)}
 
 
+def run_identity(summary: dict, manifest: dict | None, name: str) -> tuple[str | None, int]:
+    """(reward, training seed) of a run: summary.json first, then the manifest's args, then the campaign's naming
+    (`<reward>` is seed DEFAULT_SEED, `<reward>-seed<S>` seed S), and finally DEFAULT_SEED."""
+    args = (manifest or {}).get("args", {})
+    m = re.fullmatch(r"(.+)-seed(\d+)", name)
+    reward = summary.get("reward") or args.get("reward") or (m.group(1) if m else name)
+    seed = summary.get("seed", args.get("seed"))
+    return reward, int(seed if seed is not None else (m.group(2) if m else DEFAULT_SEED))
+
+
 def load_run(run_dir: Path, train_dir: Path) -> dict:
-    """A training run folder: verified manifest, metrics.jsonl, summary.json, checkpoint list."""
+    """A finished training run folder: verified manifest, metrics.jsonl, summary.json, checkpoint list."""
     m = verify_dir(train_dir)
     metrics = read_jsonl(train_dir / "metrics.jsonl")
     if not metrics:
@@ -181,26 +201,73 @@ def load_run(run_dir: Path, train_dir: Path) -> dict:
                             f"overlap near step {next(b for a, b in zip(steps, steps[1:]) if b <= a)}); repair the log")
     summary = read_json(train_dir / "summary.json") if (train_dir / "summary.json").exists() else {}
     ckpts = sorted(read_json(c)["step"] for c in train_dir.glob("step_*/checkpoint.json"))
+    reward, seed = run_identity(summary, m, train_dir.name)
     return {"name": train_dir.name, "rel": train_dir.relative_to(run_dir).as_posix(), "metrics": metrics,
-            "summary": summary, "checkpoints": ckpts, "manifest": m}
+            "summary": summary, "checkpoints": ckpts, "manifest": m, "reward": reward, "seed": seed}
 
 
 def find_runs(run_dir: Path) -> list[Path]:
-    return sorted(p.parent for p in (run_dir / "train").glob("*/metrics.jsonl"))
+    """Finished training runs: train/<name>/ folders that hold their manifest.json (03 writes it last)."""
+    return sorted(p.parent for p in (run_dir / "train").glob("*/manifest.json"))
+
+
+def pending_runs(run_dir: Path) -> list[dict]:
+    """Training runs still in progress (or killed): a train/<name>/ folder without manifest.json. Reported as
+    pending with what they logged so far; never read for statistics."""
+    out = []
+    for d in sorted(p for p in (run_dir / "train").glob("*") if p.is_dir() and not (p / "manifest.json").exists()):
+        try:
+            steps = len(read_jsonl(d / "metrics.jsonl")) if (d / "metrics.jsonl").exists() else 0
+        except (ArtifactError, ValueError):
+            steps = None                       # a half-written last line: the trainer is still writing it
+        reward, seed = run_identity({}, None, d.name)
+        out.append({"run": d.name, "dir": d.relative_to(run_dir).as_posix(), "reward": reward, "seed": seed,
+                    "steps_logged": steps, "checkpoints": sorted(c.name for c in d.glob("step_*"))})
+    return out
 
 
 # --- the time ledger ---
 
-def time_ledger(run_dir: Path, exclude=("report",)) -> dict:
-    """wall-clock and GPU-seconds of every stage run under the campaign, summed from its manifest.json files."""
+def _ledger_row(rel: str, manifest_rel: str, stage: str, rec: dict, kind: str) -> dict:
+    return {"dir": rel, "manifest": manifest_rel, "stage": stage, "started": rec.get("started"),
+            "ended": rec.get("ended"), "kind": kind, "wall_s": float(rec.get("wall_s", 0.0)),
+            "gpu_s": float(rec.get("gpu_s", 0.0))}
+
+
+def _run_key(r: dict) -> tuple:
+    """One stage run: its folder, stage, start and end (second resolution) and wall-clock (millisecond)."""
+    return r["dir"], r["stage"], r["started"], r.get("ended"), r["wall_s"]
+
+
+def manifest_runs(run_dir: Path, exclude=("report",)) -> list[dict]:
+    """One ledger row per stage run whose manifest.json is on disk, plus the earlier runs a manifest lists itself
+    under `previous_runs` ([{started, wall_s, gpu_s}], a stage that keeps its reruns' times)."""
     rows = []
     for p in sorted(run_dir.rglob("manifest.json")):
         rel = p.parent.relative_to(run_dir).as_posix()
         if rel.split("/")[0] in exclude:
             continue
-        m = read_json(p)
-        rows.append({"dir": rel, "manifest": p.relative_to(run_dir).as_posix(), "stage": m.get("stage", "?"),
-                     "wall_s": float(m.get("wall_s", 0.0)), "gpu_s": float(m.get("gpu_s", 0.0))})
+        m, mrel = read_json(p), p.relative_to(run_dir).as_posix()
+        rows += [_ledger_row(rel, mrel, m.get("stage", "?"), r, "earlier run (in its manifest)")
+                 for r in m.get("previous_runs", [])]
+        rows.append(_ledger_row(rel, mrel, m.get("stage", "?"), m, "latest"))
+    return rows
+
+
+def earlier_runs(previous: list[dict], current: list[dict]) -> list[dict]:
+    """Rows of an older ledger (05's stats/ledger.json) whose manifest has since been overwritten by a rerun: the
+    same directory and stage, another run (start, end, wall-clock), or a folder since removed. They stay in the ledger
+    so reruns add up."""
+    now, dirs = {_run_key(r) for r in current}, {r["dir"] for r in current}
+    return [dict(r, kind="earlier run (overwritten manifest)" if r["dir"] in dirs else "earlier run (folder removed)")
+            for r in previous if _run_key(r) not in now]
+
+
+def time_ledger(run_dir: Path, earlier: list[dict] = (), exclude=("report",)) -> dict:
+    """Wall-clock and GPU-seconds of every stage run under the campaign: the manifests on disk plus `earlier` rows
+    (reruns whose manifest was overwritten), summed per stage."""
+    rows = manifest_runs(run_dir, exclude) + list(earlier)
+    rows.sort(key=lambda r: (r["dir"], r["started"] or "", r["kind"]))
     stages = defaultdict(lambda: {"n_runs": 0, "wall_s": 0.0, "gpu_s": 0.0})
     for r in rows:
         s = stages[r["stage"]]

@@ -17,10 +17,10 @@ from lib.artifacts import atomic_write_bytes  # noqa: E402
 DPI = 110
 plt.rcParams.update({"font.family": "DejaVu Sans", "font.size": 9, "axes.grid": True, "grid.alpha": 0.3,
                      "axes.spines.top": False, "axes.spines.right": False, "figure.dpi": DPI})
-BAND = dict(color="tab:red", alpha=0.12, lw=0)   # the collapse band (SPEC §7.5), shaded on every step axis
+BAND = dict(color="tab:red", alpha=0.12, lw=0)   # the collapse band (DESIGN.md §7.5), shaded on every step axis
 PANELS = (("response_length/mean", "response length (mean tokens)"),
           ("response_length/clip_ratio", "length-clip ratio"),
-          ("delta_opd/weighted_reward_mean", "weighted shift reward"),
+          ("delta_opd/weighted_reward_mean", "reward mean (the run's own reward)"),
           ("actor/kl_coef", "KL coefficient"),
           ("actor/entropy", "entropy"),
           ("actor/grad_norm", "grad norm"))
@@ -77,7 +77,7 @@ def student_curve(series: dict, bands: dict, title: str, path) -> str:
 
 
 def teacher_vs_student(points: list[dict], path) -> str:
-    """Teacher gain (x) against the terminal checkpoint's student gain (y), both with their CIs; y = x dashed."""
+    """Teacher gain (x) against the latest evaluated checkpoint's student gain (y), both with their CIs; y = x dashed."""
     fig, ax = plt.subplots(figsize=(5.2, 4.6))
     for p in points:
         ax.errorbar(p["teacher"]["gain_pp"], p["student"]["gain_pp"], xerr=_errbar(p["teacher"]),
@@ -91,14 +91,14 @@ def teacher_vs_student(points: list[dict], path) -> str:
     ax.set_xlim(lim)
     ax.set_ylim(lim)
     ax.set_xlabel("teacher gain π_post − π_pre (pp)")
-    ax.set_ylabel("student gain, terminal checkpoint (pp)")
+    ax.set_ylabel("student gain, latest evaluated checkpoint (pp)")
     ax.set_title("teacher gain vs student gain")
     ax.legend(fontsize=7)
     return save(fig, path)
 
 
 def training_curves(run: dict, path) -> str:
-    """The six SPEC §7.4 panels of one run against step, the collapse band shaded, checkpoints marked."""
+    """The six DESIGN.md §7.4 panels of one run against step, the collapse band shaded, checkpoints marked."""
     fig, axes = plt.subplots(2, 3, figsize=(11, 5.6), sharex=True)
     band = run["watch"]["collapse_band"]
     for ax, (key, label) in zip(axes.flat, PANELS):

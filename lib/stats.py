@@ -1,4 +1,4 @@
-"""Statistics of SPEC §6: the paired per-problem bootstrap and the rules built on it. Pure numerics, no disk.
+"""Statistics of DESIGN.md §6: the paired per-problem bootstrap and the rules built on it. Pure numerics, no disk.
 
 A model's scores on a benchmark are `{problem_id: per-sample correctness}`, where the samples are either a list
 (sample index = seed) or a mapping `seed -> 0/1`. Two models are compared *paired by problem*:
@@ -17,6 +17,18 @@ is then restricted to the common seeds. Anything else is refused with the ids an
 On a common seed grid every d[p] is an integer count difference / S, so the bootstrap runs on integer sums and
 "d* ≤ 0" is decided exactly (identical models give gain 0 and p = 1, never p = 0.98 from rounding). Views with
 ragged per-problem sample counts (cap sensitivity, kept-only) go through float means with a 1e-12 tie tolerance.
+
+Several training seeds of one reward (DESIGN.md §6), each seed k's checkpoint against the same initial student:
+
+    d_k[p]   = acc_ckpt_k[p] - acc_init[p]       per seed, on the seeds both units share (the per-seed gain above)
+    d̄[p]     = (1/K) · sum_k d_k[p]              the pooled paired difference of problem p
+    pooled   = 100 · mean_p d̄[p], CI and p from resampling the P problems as above (one index draw shared by all
+               seeds, so a problem's seed-to-seed spread stays inside d̄[p]; training-seed variance is *not* resampled,
+               so the pooled CI is about these K trained students on this benchmark, not about all training seeds)
+
+Multiple comparisons: a verdict drawn from m tested gains uses Holm's step-down adjusted p (`holm`): sort the p
+ascending, p_adj(i) = max_{j ≤ i} min(1, (m − j + 1) · p_(j)); a gain is called only when p_adj < 0.05 and its CI
+excludes 0.
 """
 from __future__ import annotations
 
@@ -25,6 +37,7 @@ import numpy as np
 N_BOOT, SEED = 10_000, 42
 TIE_TOL = 1e-12                       # float sums of per-problem means closer to 0 than this count as 0
 MIN_TEACHER_GAIN_PP = 1.0             # transfer-ratio guard: |teacher gain| ≥ 1.0 pp
+ALPHA = 0.05                          # a verdict needs its Holm-adjusted p below this
 
 
 class AlignmentError(ValueError):
@@ -134,6 +147,38 @@ def bootstrap_means(acc_a_P: np.ndarray, acc_b_P: np.ndarray, n_boot: int = N_BO
     return res
 
 
+def pooled_gain(pairs: list[tuple[dict, dict]], n_boot: int = N_BOOT, seed: int = SEED, names=None, ids=None) -> dict:
+    """Pooled gain over K training seeds: `pairs` = [(scores_init, scores_ckpt_k)], all on the same problems.
+    Per problem the mean over seeds of the paired difference, bootstrapped over problems (module docstring)."""
+    if not pairs:
+        raise ValueError("pooled_gain needs at least one (init, checkpoint) pair")
+    names = names or [(f"init#{k}", f"ckpt#{k}") for k in range(len(pairs))]
+    d_KP, acc_a, acc_b, ref = [], [], [], None
+    for (a, b), nm in zip(pairs, names):
+        pids, seeds, A_PS, B_PS, _ = align(a, b, nm, ids)
+        if ref is not None and pids != ref:
+            raise AlignmentError(f"{nm[1]} covers other problems than {names[0][1]}; pool seeds on one problem set")
+        ref = pids
+        d_KP.append(B_PS.mean(1) - A_PS.mean(1))
+        acc_a.append(A_PS.mean(1))
+        acc_b.append(B_PS.mean(1))
+    res = bootstrap_means(np.mean(acc_a, 0), np.mean(acc_b, 0), n_boot, seed)   # mean_p d̄[p] = mean(acc_b − acc_a)
+    res.update(n_training_seeds=len(pairs), estimator="mean over training seeds of the per-problem paired difference, "
+               "bootstrapped over problems")
+    return res
+
+
+def holm(p_values: list[float]) -> list[float]:
+    """Holm's step-down adjusted p-values, in the input order (module docstring)."""
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: p_values[i])
+    out, running = [0.0] * m, 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p_values[i]))
+        out[i] = running
+    return out
+
+
 def paired_bootstrap(scores_a: dict, scores_b: dict, n_boot: int = N_BOOT, seed: int = SEED,
                      names=("a", "b"), ids=None) -> dict:
     """Gain of b over a in percentage points, with the 95 % percentile CI, the two-sided p and the alignment audit."""
@@ -153,16 +198,19 @@ def format_gain(res: dict) -> str:
     return f"{res['gain_pp']:+.3f} [{lo:+.3f}, {hi:+.3f}] {res['p_str']}"
 
 
+NOT_SIGNIFICANT = "not significant"
+
+
 def verdict(res: dict) -> str:
-    """'gain' / 'loss' only when the CI excludes 0 (SPEC's rule), else 'null'."""
+    """'gain' / 'loss' only when the CI excludes 0 (DESIGN.md §6's rule), else 'not significant'."""
     lo, hi = res["ci95_pp"]
-    return "gain" if lo > 0 else "loss" if hi < 0 else "null"
+    return "gain" if lo > 0 else "loss" if hi < 0 else NOT_SIGNIFICANT
 
 
 # --- rules built on the bootstrap ---
 
 def teacher_gate(res: dict | None) -> dict:
-    """SPEC §6 teacher-gain gate: paired π_post − π_pre on the gate benchmark > 0 with a CI excluding 0."""
+    """DESIGN.md §6 teacher-gain gate: paired π_post − π_pre on the gate benchmark > 0 with a CI excluding 0."""
     if res is None:
         return {"pass": False, "reason": "no paired teacher gain on the gate benchmark (evaluate both teachers on it)"}
     ok = res["gain_pp"] > 0 and res["ci95_pp"][0] > 0
@@ -171,7 +219,7 @@ def teacher_gate(res: dict | None) -> dict:
 
 
 def transfer_ratio(teacher: dict, student: dict) -> dict:
-    """student gain / teacher gain, printed only when the five guards of SPEC §6 hold; else the failed guards."""
+    """student gain / teacher gain, printed only when the five guards of DESIGN.md §6 hold; else the failed guards."""
     t, s = teacher["gain_pp"], student["gain_pp"]
     guards = {
         "teacher_abs_ge_1pp": abs(t) >= MIN_TEACHER_GAIN_PP,
@@ -189,7 +237,7 @@ def gain_scan(results: list[dict]) -> dict:
     """Campaign gain scan: how many paired student gains are positive / negative with a CI excluding 0."""
     v = [verdict(r) for r in results]
     return {"n": len(v), "positive_significant": v.count("gain"), "negative_significant": v.count("loss"),
-            "null": v.count("null")}
+            "not_significant": v.count(NOT_SIGNIFICANT)}
 
 
 def cap_sensitivity(pre: dict, post: dict, post_tokens: dict, cap: int, n_boot: int = N_BOOT,

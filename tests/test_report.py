@@ -10,7 +10,12 @@ MANIFEST.json; a rebuild is byte-identical; figures are real PNGs; broken units 
 from __future__ import annotations
 
 import json
+import math
+import os
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -67,7 +72,7 @@ def write_unit(run_dir: Path, alias: str, protocol: str, probs, cap: int, tokens
 
 
 def metric_rows(n_steps=40, onset=25):
-    """Per-step SPEC §7.4 metrics of a run that collapses: clip ratio jumps after `onset`, length runs away."""
+    """Per-step DESIGN.md §7.4 metrics of a run that collapses: clip ratio jumps after `onset`, length runs away."""
     rows = []
     for s in range(1, n_steps + 1):
         c = 0.0 if s < onset else min(1.0, 0.3 + 0.1 * (s - onset))
@@ -79,6 +84,60 @@ def metric_rows(n_steps=40, onset=25):
     return rows
 
 
+# training runs: (folder name, reward, seed recorded in summary.json, seed in the manifest's args, per-level skill at
+# step 20 and 40). opd's three seeds: seed 42 in summary.json, seed 1 only in the manifest args, seed 2 only in the name
+RUNS = [("opd", "opd", 42, 42, (0.92, 0.85, 0.3, 0.05), (0.95, 0.9, 0.45, 0.1)),
+        ("opd-seed1", "opd", None, 1, (0.9, 0.8, 0.3, 0.05), (0.93, 0.88, 0.4, 0.08)),
+        ("opd-seed2", "opd", None, None, (0.9, 0.82, 0.25, 0.05), (0.94, 0.9, 0.5, 0.1)),
+        ("delta-topk", "delta-topk", 42, 42, (0.9, 0.8, 0.25, 0.05), (0.85, 0.7, 0.1, 0.0))]
+EVALS = {"opd": {20: ("curve8",), 40: ("sample4", "curve8")}, "delta-topk": {20: ("curve8",), 40: ("sample4", "greedy", "curve8")}}
+GATE_NAMES = ("tokenizer", "prompt_length", "context", "template", "anatomy")
+RAFT_FIRST_WALL = 200.0      # 07_raft's first run; a rerun overwrites raft/manifest.json with RAFT_RERUN_WALL
+RAFT_RERUN_WALL = 17.1
+
+
+def write_run(run_dir: Path, name, reward, seed_summary, seed_args, skill, cap, k):
+    t = run_dir / "train" / name
+    atomic_write_jsonl(t / "metrics.jsonl", metric_rows(onset=25 + k))
+    summ = {"pair": "toy", "reward": reward, "student": "toy", "steps": 40, "collapse_onset_step": 28 + k,
+            "length_runaway_step": 25 + k, "longest_clip90_run": 10 - k}
+    atomic_write_json(t / "summary.json", summ | ({"seed": seed_summary} if seed_summary is not None else {}))
+    for step in (20, 40):
+        atomic_write_json(t / f"step_{step:06d}" / "checkpoint.json",
+                          {"run": name, "step": step, "pair": "toy", "reward": reward, "student_init": "toy-student"})
+    args = {"pair": "toy", "reward": reward} | ({"seed": seed_args} if seed_args is not None else {})
+    write_manifest(t, stage="03_opd_train", script=__file__, args=args, inputs={},
+                   outputs=["metrics.jsonl", "summary.json", "step_000020", "step_000040"], started=now_iso(),
+                   wall_s=300.0 + k, gpu_s=0.0)
+    for step, protos in EVALS["opd" if reward == "opd" else name].items():
+        if name != "opd" and reward == "opd" and step == 20:
+            continue                 # the extra seeds: only their last checkpoint is evaluated
+        for j, proto in enumerate(protos):
+            write_unit(run_dir, f"{name}-step{step}", proto, skill[step], cap, 25 + step, 20 + step + j + 10 * k,
+                       model=model_block(f"{name}-step{step}", name, step, "toy-student"))
+
+
+def write_gates(run_dir: Path):
+    """gates/ as 01_gates writes it: one <gate>.json per gate and a manifest naming each gate's status."""
+    g = run_dir / "gates"
+    status = {"tokenizer": "PASS", "prompt_length": "PASS", "context": "PASS", "template": "FAIL", "anatomy": "PASS"}
+    for name in GATE_NAMES:
+        rep = {"gate": name, "allowed": name == "template", "status": status[name], "summary": f"{name} summary" + (", ends '<|im_start|>assistant'" if name == "template" else ""),
+               "reasons": ["injected system prompt differs"] if status[name] == "FAIL" else [],
+               "warnings": ["embedding padding"] if name == "tokenizer" else []}
+        if name == "anatomy":
+            rep |= {"n_sequences": 64, "n_tokens": 2345, "token_mean_delta": 0.0123, "student_weighted_mean": -0.0456,
+                    "pos_frac": 0.5432, "abs_mean_delta": 0.3456, "interior_mean_delta": 0.0111,
+                    "stop": {"n": 60, "mean_delta": 1.2345, "pos_frac": 0.9}, "accuracy": 0.4219, "stop_rate": 0.9375,
+                    "logp_stop_at_answer_end": {"n": 50, "student": -0.1, "pi_pre": -2.3456, "pi_post": -0.0789},
+                    "mean_tokens": 36.6, "auroc": {"length_controlled": 0.6789, "ci95": [0.6, 0.75]},
+                    "models": {"student": "toy-student", "pi_pre": "toy-pre", "pi_post": "toy-post"}}
+        atomic_write_json(g / f"{name}.json", rep)
+    write_manifest(g, stage="01_gates", script=__file__, args={"pair": "toy"}, inputs={},
+                   outputs=[f"{n}.json" for n in GATE_NAMES], started=now_iso(), wall_s=42.25, gpu_s=7.5,
+                   extra={"gates": status, "allowed": ["template"], "failed": [], "carried": ["context"], "passed": True})
+
+
 def make_campaign(run_dir: Path) -> Path:
     cap_pre, cap = 64, 96
     write_unit(run_dir, "toy-pre", "sample4", P_CORRECT["toy-pre"], cap_pre, 30, 1)
@@ -87,23 +146,11 @@ def make_campaign(run_dir: Path) -> Path:
     write_unit(run_dir, "toy-post", "greedy", P_CORRECT["toy-post"], cap, 40, 4)
     for k, proto in enumerate(("sample4", "greedy", "sample32")):
         write_unit(run_dir, "toy-student", proto, P_CORRECT["toy-student"], cap, 25, 5 + k)
-    # training run with two checkpoints
-    t = run_dir / "train" / "opd-toy"
-    atomic_write_jsonl(t / "metrics.jsonl", metric_rows())
-    atomic_write_json(t / "summary.json", {"pair": "toy", "reward": "delta-topk", "student": "toy", "steps": 40,
-                                           "collapse_onset_step": 28, "length_runaway_step": 25,
-                                           "longest_clip90_run": 10})
-    for step in (20, 40):
-        atomic_write_json(t / f"step_{step:06d}" / "checkpoint.json",
-                          {"run": "opd-toy", "step": step, "pair": "toy", "reward": "delta-topk", "student_init": "toy-student"})
-    write_manifest(t, stage="03_opd_train", script=__file__, args={"pair": "toy"}, inputs={},
-                   outputs=["metrics.jsonl", "summary.json", "step_000020", "step_000040"], started=now_iso(),
-                   wall_s=300.0, gpu_s=0.0)
-    ckpt = {20: (0.9, 0.8, 0.25, 0.05), 40: (0.85, 0.7, 0.1, 0.0)}
-    for step, protos in ((20, ("curve8",)), (40, ("sample4", "greedy", "curve8"))):
-        for k, proto in enumerate(protos):
-            write_unit(run_dir, f"opd-toy-step{step}", proto, ckpt[step], cap, 25 + step, 20 + step + k,
-                       model=model_block(f"opd-toy-step{step}", "opd-toy", step, "toy-student"))
+    for k, (name, reward, s_sum, s_args, skill20, skill40) in enumerate(RUNS):
+        write_run(run_dir, name, reward, s_sum, s_args, {20: skill20, 40: skill40}, cap, k)
+    # still in progress: a run without manifest.json, and a unit folder 04_eval is still writing
+    atomic_write_jsonl(run_dir / "train" / "delta-sampled" / "metrics.jsonl", metric_rows(n_steps=7))
+    atomic_write_jsonl(run_dir / "evals" / "toy-post" / "toy" / "sample32" / "samples.jsonl", [{"problem_id": "toy-000"}])
     # RAFT: stats file (07_raft's documented keys) and its eval units
     r = run_dir / "raft"
     atomic_write_json(r / "stats.json", {
@@ -113,13 +160,16 @@ def make_campaign(run_dir: Path) -> Path:
         "sft": {"val_loss": [[10, 0.9], [20, 0.7], [30, 0.65]], "train_loss": [[10, 1.0], [20, 0.75], [30, 0.6]]},
         "shift_abs_dlogp_per_token": 0.0991, "eos_probe": {"pi_pre": -0.074, "raft": -0.015}})
     write_manifest(r, stage="07_raft", script=__file__, args={"pair": "toy-raft"}, inputs={}, outputs=["stats.json"],
-                   started=now_iso(), wall_s=200.0, gpu_s=0.0)
+                   started="2026-01-01T00:00:00Z", wall_s=RAFT_FIRST_WALL, gpu_s=0.0)
     write_unit(run_dir, "raft", "sample4", P_CORRECT["raft"], cap_pre, 30, 77)
-    g = run_dir / "gates"
-    atomic_write_json(g / "gates.json", {"ok": True})
-    write_manifest(g, stage="01_gates", script=__file__, args={"pair": "toy"}, inputs={}, outputs=["gates.json"],
-                   started=now_iso(), wall_s=42.25, gpu_s=7.5)
+    write_gates(run_dir)
     return run_dir
+
+
+def rerun_raft(run_dir: Path) -> None:
+    """A rerun of 07_raft that found its work done: a new manifest, a short wall-clock, the first run's time gone."""
+    write_manifest(run_dir / "raft", stage="07_raft", script=__file__, args={"pair": "toy-raft"}, inputs={},
+                   outputs=["stats.json"], started="2026-01-02T00:00:00Z", wall_s=RAFT_RERUN_WALL, gpu_s=0.0)
 
 
 def run_stage(script, run_dir, *extra, ok=True):
@@ -130,11 +180,13 @@ def run_stage(script, run_dir, *extra, ok=True):
 def campaign(tmp_path_factory):
     run_dir = make_campaign(tmp_path_factory.mktemp("campaign") / "toy")
     run_stage("05_stats.py", run_dir, "--pair", "toy")
+    rerun_raft(run_dir)
+    run_stage("05_stats.py", run_dir, "--pair", "toy")
     run_stage("06_report.py", run_dir)
     return run_dir
 
 
-# --- the numbers agree with an independent recomputation ---
+# --- 05's JSON against an independent recomputation from the samples ---
 
 def per_problem(unit_dir, seeds=None):
     acc = {}
@@ -145,66 +197,118 @@ def per_problem(unit_dir, seeds=None):
     return {p: np.mean(v) for p, v in acc.items()}
 
 
-def test_stats_match_recomputation(campaign):
-    T = read_json(campaign / "stats" / "teacher_gains.json")
+def unit_seeds(unit_dir):
+    return set(read_json(unit_dir / "scores.json")["seeds"])
+
+
+def boot_summary(d_P, n_boot=10_000, seed=42):
+    """Gain, percentile CI and two-sided p of per-problem differences d_P, resampled over problems."""
+    d_P = np.asarray(d_P, float)
+    means = 100 * d_P[np.random.default_rng(seed).integers(0, len(d_P), (n_boot, len(d_P)))].mean(1)
+    p = min(1.0, 2 * min(np.mean(means <= 1e-9), np.mean(means >= -1e-9)))
+    return 100 * d_P.mean(), list(np.percentile(means, [2.5, 97.5])), p
+
+
+def holm_step_down(ps):
+    order = np.argsort(ps, kind="stable")
+    adj, run = np.empty(len(ps)), 0.0
+    for rank, i in enumerate(order):
+        run = max(run, min(1.0, (len(ps) - rank) * ps[i]))
+        adj[i] = run
+    return adj
+
+
+def check_stats(campaign):
+    """Every number of 05's JSON that the report leans on, recomputed here from samples.jsonl and the manifests."""
+    S = campaign / "stats"
+    T = read_json(S / "teacher_gains.json")
     ev = campaign / "evals"
     for t in T["gains"]:
         a, b = per_problem(ev / "toy-pre" / "toy" / t["protocol"]), per_problem(ev / "toy-post" / "toy" / t["protocol"])
         assert t["gain_pp"] == pytest.approx(100 * np.mean([b[p] - a[p] for p in a]), abs=1e-9)
     assert {t["protocol"] for t in T["gains"]} == {"sample4", "greedy"}
-    assert T["gate"]["protocol"] == "sample4" and T["gate"]["pass"] == (T["gains"][1]["ci95_pp"][0] > 0)
-    SG = read_json(campaign / "stats" / "student_gains.json")
-    curve = [g for g in SG["gains"] if g["protocol"] == "curve8"]
+    SG = read_json(S / "student_gains.json")
+    for g in SG["gains"]:      # every checkpoint against the init, the init restricted to the checkpoint's seeds
+        seeds = unit_seeds(campaign / g["unit_b"])
+        a, b = per_problem(campaign / g["unit_a"], seeds), per_problem(campaign / g["unit_b"])
+        gain, ci95, p = boot_summary([b[q] - a[q] for q in sorted(a)])
+        assert g["gain_pp"] == pytest.approx(gain, abs=1e-9) and g["ci95_pp"] == pytest.approx(ci95, abs=1e-9)
+        assert g["p"] == pytest.approx(p, abs=1e-12)
+        assert g["training_seed"] == {"opd": 42, "opd-seed1": 1, "opd-seed2": 2, "delta-topk": 42}[g["run"]]
+        assert g["latest"] == (g["step"] == 40)
+    curve = [g for g in SG["gains"] if g["protocol"] == "curve8" and g["run"] == "delta-topk"]
     assert [g["step"] for g in curve] == [20, 40]
-    for g in curve:   # 8-seed curve unit paired with the 32-seed init restricted to seeds 0-7
+    for g in curve:
         assert g["unit_a"] == "evals/toy-student/toy/sample32" and g["audit"]["grids"] == "nested"
         assert g["audit"]["restricted"] == g["unit_a"] and g["n_seeds"] == 8
-        a = per_problem(ev / "toy-student" / "toy" / "sample32", seeds=set(range(8)))
-        b = per_problem(ev / g["alias_b"] / "toy" / "curve8")
-        assert g["gain_pp"] == pytest.approx(100 * np.mean([b[p] - a[p] for p in a]), abs=1e-9)
-    assert SG["scan"]["n"] == len(SG["gains"]) == 4
-    TR = read_json(campaign / "stats" / "transfer.json")
+    # per reward: the latest checkpoint of every seed, and the pooled gain
+    R = {(e["reward"], e["benchmark"], e["protocol"]): e for e in SG["by_reward"]}
+    assert set(R) == {("opd", "toy", "sample4"), ("opd", "toy", "curve8"), ("delta-topk", "toy", "sample4"),
+                      ("delta-topk", "toy", "greedy"), ("delta-topk", "toy", "curve8")}
+    for (reward, _, proto), e in R.items():
+        names = [n for n, rw, *_ in RUNS if rw == reward]
+        assert sorted(g["run"] for g in e["per_seed"]) == sorted(names) and set(e["steps"]) == {40}
+        assert e["training_seeds"] == sorted(e["training_seeds"])
+        if len(names) > 1:
+            dbar = np.zeros(N_PROBLEMS)
+            for n in names:
+                u = ev / f"{n}-step40" / "toy" / proto
+                a, b = per_problem(campaign / e["per_seed"][0]["unit_a"], unit_seeds(u)), per_problem(u)
+                dbar += np.array([b[q] - a[q] for q in sorted(a)]) / len(names)
+            gain, ci95, p = boot_summary(dbar)
+            pooled = e["pooled"]
+            assert pooled["gain_pp"] == pytest.approx(gain, abs=1e-9) and pooled["ci95_pp"] == pytest.approx(ci95, abs=1e-9)
+            assert pooled["p"] == pytest.approx(p, abs=1e-12) and pooled["n_training_seeds"] == 3
+            assert e["decision"]["on"] == "pooled" and e["decision"]["gain_pp"] == pooled["gain_pp"]
+        else:
+            assert e["pooled"] is None and e["decision"]["gain_pp"] == e["per_seed"][0]["gain_pp"]
+    fam = list(R.values())
+    adj = holm_step_down([e["decision"]["p"] for e in fam])
+    for e, a in zip(fam, adj):
+        d = e["decision"]
+        assert d["p_holm"] == pytest.approx(a, abs=1e-12)
+        lo, hi = d["ci95_pp"]
+        assert d["verdict"] == ("gain" if a < 0.05 and lo > 0 else "loss" if a < 0.05 and hi < 0 else "not significant")
+    assert SG["family"]["n_verdicts"] == 5 and SG["family"]["n_gains_tested"] == len(SG["gains"]) == 11
+    TR = read_json(S / "transfer.json")
+    assert TR["ratios"] and {r["reward"] for r in TR["ratios"]} == {"delta-topk"}    # classic OPD: no such ratio
     for r in TR["ratios"]:
         assert (r["ratio"] is None) == bool(r["failed"])
         assert ("student_positive" in r["failed"]) == (r["student_gain_pp"] <= 0)
     # cap view: π_post's samples over π_pre's 64-token cap, counted wrong
-    C = read_json(campaign / "stats" / "cap_sensitivity.json")["views"]
-    assert {v["protocol"] for v in C} == {"sample4", "greedy"}
+    C = read_json(S / "cap_sensitivity.json")["views"]
     rows = [json.loads(x) for x in (ev / "toy-post" / "toy" / "sample4" / "samples.jsonl").read_text().splitlines()]
     v = next(v for v in C if v["protocol"] == "sample4")
     assert v["over_cap_as_wrong"]["acc_b"] == pytest.approx(
         100 * np.mean([r["correct"] and r["n_tokens"] <= 64 for r in rows]), abs=1e-9)
-    assert v["kept_sample_pct"] == pytest.approx(100 * np.mean([r["n_tokens"] <= 64 for r in rows]))
-    TRN = read_json(campaign / "stats" / "training.json")["runs"][0]
-    assert TRN["watch"]["collapse_onset_step"] == 28 and TRN["watch"]["collapse_band"] == [28, 40]
-    assert TRN["watch"]["longest_clip90_run"] == [31, 40] and TRN["checkpoints"] == [20, 40]
-    assert TRN["grad_norm_peak"] == {"value": 10.0, "step": 21} and TRN["watch_agrees"]
-    R = read_json(campaign / "stats" / "raft.json")
-    assert R["present"] and R["gate_g2"]["benchmark"] == "toy" and len(R["g2_gains"]) == 1
+    TRN = {r["run"]: r for r in read_json(S / "training.json")["runs"]}
+    assert sorted(TRN) == sorted(n for n, *_ in RUNS)
+    for k, (name, reward, *_) in enumerate(RUNS):
+        w = TRN[name]["watch"]
+        assert TRN[name]["reward"] == reward and TRN[name]["seed"] == {"opd-seed1": 1, "opd-seed2": 2}.get(name, 42)
+        assert w["collapse_onset_step"] == 28 + k and w["collapse_band"] == [28 + k, 40]
+        assert w["longest_clip90_span"] == [31 + k, 40] and w["longest_clip90_run"] == 10 - k
+        assert TRN[name]["watch_agrees"] and TRN[name]["checkpoints"] == [20, 40]
+    P = read_json(S / "pending.json")
+    assert [r["run"] for r in P["runs"]] == ["delta-sampled"] and P["runs"][0]["steps_logged"] == 7
+    assert sorted(u["unit"] for u in P["units"]) == sorted(
+        ["evals/toy-post/toy/sample32"] + [f"evals/{n}-step40/toy/greedy" for n in ("opd", "opd-seed1", "opd-seed2")])
+    G = read_json(S / "gates.json")
+    gm = read_json(campaign / "gates" / "manifest.json")
+    assert G["present"] and {g["gate"]: g["status"] for g in G["gates"]} == gm["gates"]
+    # the ledger keeps the run whose manifest the rerun overwrote
+    led = read_json(S / "ledger.json")["runs"]
+    raft = [r for r in led if r["dir"] == "raft"]
+    assert sorted(r["wall_s"] for r in raft) == [RAFT_RERUN_WALL, RAFT_FIRST_WALL]
 
 
-# --- every table number traces to a file in MANIFEST.json ---
+def test_stats_match_recomputation(campaign):
+    check_stats(campaign)
+
+
+# --- every number the report prints equals the cell it comes from ---
 
 NUM = re.compile(r"(?<![A-Za-z_\d.])[+-]?\d+(?:\.\d+)?")   # a number, not the digit inside `sample4`
-NUMERIC_CELL = re.compile(r"^[\s\[\]+\-\d.,–@/]*$")
-
-
-def leaves(obj):
-    if isinstance(obj, bool):
-        return
-    if isinstance(obj, (int, float)):
-        yield float(obj)
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            yield from leaves(v)
-    elif isinstance(obj, list):
-        for v in obj:
-            yield from leaves(v)
-
-
-def traces(token: str, values: np.ndarray) -> bool:
-    nd = len(token.split(".")[1]) if "." in token else 0
-    return bool(np.any(np.abs(values - float(token)) <= 0.5 * 10.0 ** -nd + 1e-9))
 
 
 def tables(readme: str):
@@ -215,7 +319,8 @@ def tables(readme: str):
             j = i
             while j < len(lines) and lines[j].startswith("|"):
                 j += 1
-            cells = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines[i:j]]
+            cells = [[c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", ln.strip()[1:-1])]
+                     for ln in lines[i:j]]
             assert lines[j] == "", "a table must end with a blank line (else markdown swallows the next line)"
             out.append((cells[0], cells[2:], lines[j + 1]))
             i = j
@@ -224,69 +329,400 @@ def tables(readme: str):
     return out
 
 
-def test_every_table_number_traces_to_manifest(campaign):
+def close(tok: str, want) -> bool:
+    """A printed number is the value it was printed from, formatted to the digits printed (exactly: 8.75 → "8.8",
+    never "8.7"), sign as printed."""
+    if want is None:
+        return False
+    nd = len(tok.split(".")[1]) if "." in tok else 0
+    if isinstance(want, int) == bool(nd):   # a count printed as 40.0, or a measurement printed as a bare 0
+        return False
+    return f"{float(want):{'+' if tok[0] in '+-' else ''}.{nd}f}" == tok
+
+
+def check_cell(cell: str, kind: str, want, where: str) -> int:
+    cell = cell.replace("**", "").strip("`")
+    if kind == "str":
+        assert cell == str(want), f"{where}: {cell!r} != {want!r}"
+        return 0
+    if kind == "p":
+        ok = cell == ("p<0.0001" if want == 0 else f"p={want:.4f}")
+        assert ok, f"{where}: {cell!r} is not p = {want}"
+        return 1
+    if kind == "sum":                   # a sum of floats: 06 may add in another order, which moves only the last bit
+        nd = len(cell.split(".")[1]) if "." in cell else 0
+        sums = {f"{x:.{nd}f}" for x in (sum(want), math.fsum(want), sum(reversed(want)))}
+        assert cell in sums, f"{where}: {cell!r} is not the sum {sorted(sums)}"
+        return 1
+    wants = [want] if kind == "num" else list(want)
+    if wants == [None]:
+        assert cell == "—", f"{where}: {cell!r} printed for a missing value"
+        return 0
+    toks = NUM.findall(cell)
+    assert len(toks) == len(wants) and all(close(t, w) for t, w in zip(toks, wants)), f"{where}: {cell!r} != {wants}"
+    return len(toks)
+
+
+def first_last(run, key):
+    pts = [v for _, v in run["curves"].get(key, []) if v is not None]
+    return (pts[0], pts[-1]) if pts else (None, None)
+
+
+def sig(r):
+    lo, hi = r["ci95_pp"]
+    return "gain" if lo > 0 else "loss" if hi < 0 else "not significant"
+
+
+def gain_cols(acc_a, acc_b, gain="gain (pp)", ci_="95 % CI", p="p"):
+    return {acc_a: ("num", lambda r: r["acc_a"]), acc_b: ("num", lambda r: r["acc_b"]), gain: ("num", lambda r: r["gain_pp"]),
+            ci_: ("nums", lambda r: r["ci95_pp"]), p: ("p", lambda r: r["p"])}
+
+
+def table_specs(campaign):
+    """For each report table: the records its rows come from (read from the source files, not from 06), the columns
+    that identify a record, and for every other column the cell it must equal."""
+    J = lambda rel: read_json(campaign / rel)
+    T, SG, TR = J("stats/teacher_gains.json"), J("stats/student_gains.json"), J("stats/transfer.json")
+    DG, CAP, TRN, RAFT = J("stats/diagnostics.json")["units"], J("stats/cap_sensitivity.json"), J("stats/training.json"), J("stats/raft.json")
+    PEND, LED = J("stats/pending.json"), J("stats/ledger.json")["runs"]
+    rs, gm = J("raft/stats.json"), J("gates/manifest.json")
+    gates = {n: J(f"gates/{n}.json") for n in gm["gates"]}
+    diag = {d["unit"]: d for d in DG}
+    lvl = lambda entries: [dict(r, _e=e, _lv=lv) for e in entries for lv, r in e["by_level"].items()]
+    lvl_cols = {**gain_cols("a acc", "b acc"), "verdict": ("str", sig), "problems": ("num", lambda r: r["n_problems"])}
+    an = gates["anatomy"]
+    measures = {"sequences": an["n_sequences"], "tokens": an["n_tokens"], "token-mean Δ": an["token_mean_delta"],
+                "student-weighted mean Δ": an["student_weighted_mean"], "fraction of tokens with Δ > 0": an["pos_frac"],
+                "mean abs Δ": an["abs_mean_delta"], "interior-token mean Δ": an["interior_mean_delta"],
+                "Δ at the final stop token (mean)": an["stop"]["mean_delta"], "stopped sequences": an["stop"]["n"],
+                "log p(stop) at answer ends, π_pre": an["logp_stop_at_answer_end"]["pi_pre"],
+                "log p(stop) at answer ends, π_post": an["logp_stop_at_answer_end"]["pi_post"],
+                "student accuracy on these samples": an["accuracy"], "stop rate": an["stop_rate"],
+                "AUROC of sequence-mean Δ, length-controlled": an["auroc"]["length_controlled"]}
+    by_reward = [dict(g, _e=e, _row=f"seed {g['training_seed']}") for e in SG["by_reward"] for g in e["per_seed"]]
+    by_reward += [dict(e["decision"], _e=e, _row=f"{e['decision']['on']} (decides)",
+                       acc_a=(e["pooled"] or e["per_seed"][0])["acc_a"], acc_b=(e["pooled"] or e["per_seed"][0])["acc_b"])
+                  for e in SG["by_reward"]]
+    on_disk = [p for p in campaign.rglob("manifest.json") if p.parent.relative_to(campaign).parts[0] != "report"]
+    manifests = [(p.parent.relative_to(campaign).as_posix(), read_json(p)) for p in on_disk]
+    now = {(d, m["stage"], m["started"], m["ended"], m["wall_s"]) for d, m in manifests}
+    dirs = {d for d, _ in manifests}
+    earlier = [dict(r, kind="earlier run (overwritten manifest)" if r["dir"] in dirs else "earlier run (folder removed)")
+               for r in LED if (r["dir"], r["stage"], r["started"], r["ended"], r["wall_s"]) not in now]
+    ledger_rows = [{"dir": d, "stage": m["stage"], "started": m["started"], "wall_s": m["wall_s"], "gpu_s": m["gpu_s"],
+                    "kind": "latest"} for d, m in manifests] + earlier
+    stage_rows = [{"stage": s, "rows": [r for r in ledger_rows if r["stage"] == s]} for s in {r["stage"] for r in ledger_rows}]
+    stage_rows.append({"stage": "**total**".strip("*"), "rows": ledger_rows})
+    primary = {"toy": "sample4"}
+    return [
+        (["benchmark", "protocol", "π_pre acc", "π_post acc", "gain (pp)", "95 % CI", "p", "problems", "seeds"],
+         T["gains"], {"benchmark": lambda r: r["benchmark"], "protocol": lambda r: r["protocol"]},
+         {**gain_cols("π_pre acc", "π_post acc"), "problems": ("num", lambda r: r["n_problems"]),
+          "seeds": ("num", lambda r: r["n_seeds"])}),
+        (["benchmark", "protocol", "comparison", "level"], lvl(T["gains"]),
+         {"benchmark": lambda r: r["_e"]["benchmark"], "protocol": lambda r: r["_e"]["protocol"],
+          "comparison": lambda r: "π_post − π_pre", "level": lambda r: r["_lv"]}, lvl_cols),
+        (["gate", "verdict"], list(gates.values()), {"gate": lambda r: r["gate"]},
+         {"verdict": ("str", lambda r: gm["gates"][r["gate"]]),
+          "allowed": ("str", lambda r: "yes" if r["gate"] in gm["allowed"] else "no"),
+          "kept from an earlier run": ("str", lambda r: "yes" if r["gate"] in gm["carried"] else "no"),
+          "summary": ("str", lambda r: r["summary"]), "failures": ("str", lambda r: "; ".join(r["reasons"]) or "—"),
+          "warnings": ("str", lambda r: "; ".join(r["warnings"]) or "—")}),
+        (["measure", "value"], list(measures), {"measure": lambda r: r}, {"value": ("num", measures.get)}),
+        (["run", "reward", "training seed"], TRN["runs"], {"run": lambda r: r["run"]},
+         {"reward": ("str", lambda r: r["reward"]), "training seed": ("num", lambda r: r["seed"]),
+          "steps": ("num", lambda r: r["steps_logged"]), "onset": ("num", lambda r: r["watch"]["collapse_onset_step"]),
+          "runaway": ("num", lambda r: r["watch"]["length_runaway_step"]),
+          "band": ("nums", lambda r: r["watch"]["collapse_band"]),
+          "clip>0.9 span": ("nums", lambda r: r["watch"]["longest_clip90_span"]),
+          "peak clip": ("num", lambda r: r["watch"]["peak_clip_ratio"]),
+          "reward mean first": ("num", lambda r: r["weighted_reward"]["first"]),
+          "reward mean last": ("num", lambda r: r["weighted_reward"]["last"]),
+          "reward mean < 0": ("nums", lambda r: [r["weighted_reward"]["n_negative"], r["weighted_reward"]["n"]]),
+          "KL coef first": ("num", lambda r: first_last(r, "actor/kl_coef")[0]),
+          "KL coef last": ("num", lambda r: first_last(r, "actor/kl_coef")[1]),
+          "entropy first": ("num", lambda r: first_last(r, "actor/entropy")[0]),
+          "entropy last": ("num", lambda r: first_last(r, "actor/entropy")[1]),
+          "grad-norm peak": ("nums", lambda r: [r["grad_norm_peak"]["value"], r["grad_norm_peak"]["step"]]),
+          "summary.json agrees": ("str", lambda r: "yes" if r["watch_agrees"] else "NO")}),
+        (["run", "step", "unit"], SG["gains"],
+         {"run": lambda r: r["run"], "step": lambda r: str(r["step"]), "unit": lambda r: r["alias_b"],
+          "benchmark": lambda r: r["benchmark"], "protocol": lambda r: r["protocol"]},
+         {**gain_cols("init acc", "ckpt acc"), "verdict": ("str", sig), "problems": ("num", lambda r: r["n_problems"]),
+          "seeds": ("num", lambda r: r["n_seeds"]),
+          "ckpt truncation %": ("num", lambda r: diag[r["unit_b"]]["truncation_pct"])}),
+        (["run", "step", "benchmark", "protocol", "level"], lvl(SG["gains"]),
+         {"run": lambda r: r["_e"]["run"], "step": lambda r: str(r["_e"]["step"]),
+          "benchmark": lambda r: r["_e"]["benchmark"], "protocol": lambda r: r["_e"]["protocol"],
+          "level": lambda r: r["_lv"]}, lvl_cols),
+        (["reward", "benchmark", "protocol", "row"], by_reward,
+         {"reward": lambda r: r["_e"]["reward"], "benchmark": lambda r: r["_e"]["benchmark"],
+          "protocol": lambda r: r["_e"]["protocol"], "row": lambda r: r["_row"]},
+         {**gain_cols("init acc", "ckpt acc"), "step": ("num", lambda r: r.get("step")),
+          "Holm p": ("num", lambda r: r.get("p_holm")), "verdict": ("str", lambda r: r.get("verdict") or sig(r))}),
+        (["run", "step", "benchmark", "protocol", "teacher protocol"], [r for r in TR["ratios"] if r["latest"]],
+         {"run": lambda r: r["run"], "step": lambda r: str(r["step"]), "benchmark": lambda r: r["benchmark"],
+          "protocol": lambda r: r["protocol"]},
+         {"teacher protocol": ("str", lambda r: r["teacher_protocol"]), "teacher gain": ("num", lambda r: r["teacher_gain_pp"]),
+          "teacher CI": ("nums", lambda r: r["teacher_ci95_pp"]), "student gain": ("num", lambda r: r["student_gain_pp"]),
+          "student CI": ("nums", lambda r: r["student_ci95_pp"]),
+          "ratio": ("str", lambda r: f"{r['ratio']:.3f}" if r["ratio"] is not None else "withheld: " + ", ".join(r["failed"]))}),
+        (["unit", "role", "cap"], DG, {"unit": lambda r: r["unit"]},
+         {"role": ("str", lambda r: r["role"]), "cap": ("num", lambda r: r["max_new_tokens"]),
+          "samples": ("num", lambda r: r["n_samples"]), "acc %": ("num", lambda r: r["accuracy_pct"]),
+          "trunc %": ("num", lambda r: r["truncation_pct"]), "mean tokens": ("num", lambda r: r["mean_tokens"]),
+          **{f"{e} %": ("num", lambda r, e=e: r["extractor_pct"][e]) for e in ("answer_line", "boxed", "none")},
+          "deviations": ("str", lambda r: "; ".join(r["deviations"]) or "—")}),
+        (["benchmark", "model", "role"], [d for d in DG if primary.get(d["benchmark"]) == d["protocol"]],
+         {"benchmark": lambda r: r["benchmark"], "model": lambda r: r["alias"]},
+         {"role": ("str", lambda r: r["role"]), "step": ("num", lambda r: r["train_step"]),
+          **{f"{e} %": ("num", lambda r, e=e: r["extractor_pct"][e]) for e in ("answer_line", "boxed", "none")}}),
+        (["unit", "trunc %", "truncated samples"], DG, {"unit": lambda r: r["unit"]},
+         {"trunc %": ("num", lambda r: r["truncation_pct"]), "truncated samples": ("num", lambda r: r["n_truncated"]),
+          "max tokens": ("num", lambda r: r["max_tokens"]),
+          "extracted on truncated %": ("num", lambda r: r["truncated_extracted_pct"]),
+          "acc on truncated %": ("num", lambda r: r["truncated_accuracy_pct"])}),
+        (["benchmark", "protocol", "π_pre cap", "view"],
+         [dict(r, _v=v, _name=n) for v in CAP["views"] for n, r in (("native", v["native"]),
+          ("over-cap-as-wrong", v["over_cap_as_wrong"]), ("kept-only", v["kept_only"])) if r is not None],
+         {"benchmark": lambda r: r["_v"]["benchmark"], "protocol": lambda r: r["_v"]["protocol"], "view": lambda r: r["_name"]},
+         {"π_pre cap": ("num", lambda r: r["_v"]["cap"]), "π_post acc": ("num", lambda r: r["acc_b"]),
+          "gain (pp)": ("num", lambda r: r["gain_pp"]), "95 % CI": ("nums", lambda r: r["ci95_pp"]), "p": ("p", lambda r: r["p"]),
+          "problems": ("num", lambda r: r["n_problems"]), "samples within cap %": ("num", lambda r: r["_v"]["kept_sample_pct"])}),
+        (["prompts", "k", "kept"], [rs], {"prompts": lambda r: str(r["n_prompts"])},
+         {"k": ("num", lambda r: r["k"]), "kept": ("num", lambda r: r["kept"]), "keep rate %": ("num", lambda r: r["keep_rate_pct"]),
+          "gate G1": ("nums", lambda r: [r["gate_g1"]["threshold"]]),
+          "mean abs Δ log p per token": ("num", lambda r: r["shift_abs_dlogp_per_token"]),
+          "EOS probe π_pre": ("num", lambda r: r["eos_probe"]["pi_pre"]), "EOS probe RAFT": ("num", lambda r: r["eos_probe"]["raft"])}),
+        (["level", "keep rate %"], list(rs["keep_rate_by_level_pct"]), {"level": lambda r: r},
+         {"keep rate %": ("num", rs["keep_rate_by_level_pct"].get)}),
+        (["n correct of k", "prompts"], list(rs["n_correct_of_k"]), {"n correct of k": lambda r: r},
+         {"prompts": ("num", rs["n_correct_of_k"].get)}),
+        (["rejection reason", "samples"], list(rs["rejection_reasons"]), {"rejection reason": lambda r: r},
+         {"samples": ("num", rs["rejection_reasons"].get)}),
+        (["SFT step", "val loss"], rs["sft"]["val_loss"], {"SFT step": lambda r: str(r[0])}, {"val loss": ("num", lambda r: r[1])}),
+        (["benchmark", "protocol", "base acc", "RAFT acc"], RAFT["g2_gains"],
+         {"benchmark": lambda r: r["benchmark"], "protocol": lambda r: r["protocol"]},
+         {**gain_cols("base acc", "RAFT acc"), "problems": ("num", lambda r: r["n_problems"])}),
+        (["unit a", "unit b"], T["gains"] + SG["gains"] + RAFT["g2_gains"],
+         {"unit a": lambda r: r["unit_a"], "unit b": lambda r: r["unit_b"]},
+         {"problems": ("num", lambda r: r["audit"]["n_problems"]), "seeds a": ("num", lambda r: r["audit"]["seeds_a"]),
+          "seeds b": ("num", lambda r: r["audit"]["seeds_b"]), "grids": ("str", lambda r: r["audit"]["grids"]),
+          "restricted side": ("str", lambda r: r["audit"]["restricted"] or "—"),
+          "problem subset": ("str", lambda r: r["audit"]["subset"] or "—")}),
+        (["stage", "runs"], stage_rows, {"stage": lambda r: r["stage"]},
+         {"runs": ("num", lambda r: len(r["rows"])), "wall-clock s": ("sum", lambda r: [x["wall_s"] for x in r["rows"]]),
+          "GPU-seconds": ("sum", lambda r: [x["gpu_s"] for x in r["rows"]])}),
+        (["directory", "stage", "run", "started"], ledger_rows,
+         {"directory": lambda r: r["dir"], "stage": lambda r: r["stage"], "run": lambda r: r["kind"],
+          "started": lambda r: r["started"], "wall-clock s": lambda r: f"{r['wall_s']:.1f}"},
+         {
+          "GPU-seconds": ("num", lambda r: r["gpu_s"])}),
+        (["item", "what"], PEND["runs"] + PEND["units"], {"item": lambda r: r.get("dir") or r["unit"]},
+         {"what": ("str", lambda r: "training run" if "dir" in r else "eval unit"),
+          "detail": ("str", lambda r: f"reward {r['reward']}, seed {r['seed']}, {r['steps_logged']} steps logged"
+                     if "dir" in r else r["why"])}),
+    ]
+
+
+def check_tables(campaign) -> int:
+    readme = (campaign / "report" / "README.md").read_text()
+    specs, checked = table_specs(campaign), 0
+    found = tables(readme)
+    for head, rows, source in found:
+        assert source.startswith("Source: "), f"table {head} names no source"
+        match = [s for s in specs if head[:len(s[0])] == s[0]]
+        assert match, f"table {head} has no checker: every number the report prints must be checked"
+        _, records, key, cols = match[0]
+        assert set(head) == set(key) | set(cols), f"table {head}: unchecked columns {set(head) - set(key) - set(cols)}"
+        want = {tuple(str(f(r)) for f in key.values()): r for r in records}
+        assert len(want) == len(records), f"table {head}: key columns do not identify its records"
+        idx = {c: head.index(c) for c in head}
+        got = [tuple(row[idx[c]].replace("**", "").strip("`") for c in key) for row in rows]
+        assert sorted(got) == sorted(want), f"table {head}: rows {sorted(set(got) ^ set(want))} differ from the source"
+        for k, row in zip(got, rows):
+            for c, (kind, f) in cols.items():
+                checked += check_cell(row[idx[c]], kind, f(want[k]), f"table {head[:3]} row {k} column {c!r}")
+        for c in (c for c, (kind, _) in cols.items() if kind != "str"):   # one spelling per numeric column
+            digits = {len(tok.split(".")[1]) for row in rows for tok in NUM.findall(row[idx[c]]) if "." in tok}
+            assert len(digits) <= 1, f"table {head[:3]} column {c!r} prints numbers with {sorted(digits)} decimals"
+    return checked
+
+
+def check_tldr(campaign) -> None:
+    """The TL;DR's decisions: per reward on its latest evaluated checkpoint (pooled over seeds), Holm-adjusted."""
+    readme = (campaign / "report" / "README.md").read_text()
+    tldr = readme.split("## 0. TL;DR")[1].split("## 1.")[0].strip().splitlines()
+    SG = read_json(campaign / "stats" / "student_gains.json")
+    T = read_json(campaign / "stats" / "teacher_gains.json")
+    gate = next(t for t in T["gains"] if t["protocol"] == T["gate"]["protocol"])
+    g = re.search(r"π_post − π_pre = (\S+) \[(\S+), (\S+)\] (p\S+) ", tldr[0])
+    assert close(g[1], gate["gain_pp"]) and close(g[2], gate["ci95_pp"][0]) and close(g[3], gate["ci95_pp"][1])
+    check_cell(g[4], "p", gate["p"], "TL;DR gate")
+    assert tldr[0].endswith(f"{g[4]} ({T['gate']['reason']}).")
+    verdicts = [m for m in (re.search(
+        r"`(\S+)` \((.*?)\) on (\w+)/(\w+), latest evaluated checkpoint \(step ([\d, ]+)\), (pooled over training seeds "
+        r"([\d, ]+)|training seed (\d+)): gain (\S+) \[(\S+), (\S+)\] (p\S+), Holm-adjusted p = (\S+) → \*\*(.+)\*\*\.$", ln)
+        for ln in tldr) if m]
+    want = {(e["reward"], e["benchmark"], e["protocol"]): e for e in SG["by_reward"] if e["protocol"] == "sample4"}
+    assert sorted((m[1], m[3], m[4]) for m in verdicts) == sorted(want)
+    for m in verdicts:
+        e = want[(m[1], m[3], m[4])]
+        d = e["decision"]
+        assert ("shift" in m[2]) == (m[1] != "opd"), f"{m[1]} described as {m[2]!r}"
+        assert [int(x) for x in (m[7] or m[8]).split(", ")] == e["training_seeds"] and bool(m[7]) == bool(e["pooled"])
+        assert {int(x) for x in m[5].split(", ")} == set(e["steps"])
+        assert close(m[9], d["gain_pp"]) and close(m[10], d["ci95_pp"][0]) and close(m[11], d["ci95_pp"][1])
+        check_cell(m[12], "p", d["p"], "TL;DR verdict")
+        assert close(m[13], d["p_holm"]) and m[14] == d["verdict"]
+    mc = next(ln for ln in tldr if "Multiple comparisons" in ln)
+    fam, scan = SG["family"], SG["scan"]
+    assert re.search(rf": {fam['n_verdicts']} verdicts .* adjusted p < {fam['alpha']} and a CI excluding 0\. In all {scan['n']} paired student gains .* "
+                     rf"{scan['positive_significant']} have a CI above 0 and {scan['negative_significant']} below 0", mc)
+    seen = {0, *(tldr.index(m.string) for m in verdicts), tldr.index(mc)}
+    P = read_json(campaign / "stats" / "pending.json")
+    k = next(i for i, ln in enumerate(tldr) if "Pending:" in ln)
+    assert tldr[k].endswith(f"Pending: {len(P['runs'])} training run(s) and {len(P['units'])} eval unit(s) are not "
+                            f"finished and are not counted (§9).")
+    gm = read_json(campaign / "gates" / "manifest.json")
+    k2 = next(i for i, ln in enumerate(tldr) if "Gates of pair" in ln)
+    assert re.findall(r"(\w+) \*\*(PASS|FAIL)\*\*", tldr[k2]) == sorted(gm["gates"].items())
+    assert tldr[k2].endswith(" (§1.1).") and "### 1.1 Gates of the main pair" in readme
+    seen |= {k, k2}
+    TRN = {r["run"]: r for r in read_json(campaign / "stats" / "training.json")["runs"]}
+    for i, ln in enumerate(tldr):
+        m = re.search(r"Run `(\S+)` \((\d+) steps\): termination collapse, onset step (\d+) \(band (\d+)–(\d+)\); "
+                      r"(.+) mean negative on (\d+) of (\d+) steps\.$", ln)
+        if m:
+            r, seen = TRN[m[1]], seen | {i}
+            w, wr = r["watch"], r["weighted_reward"]
+            assert [int(x) for x in (m[2], m[3], m[4], m[5], m[7], m[8])] == [
+                r["steps_logged"], w["collapse_onset_step"], *w["collapse_band"], wr["n_negative"], wr["n"]]
+            assert m[6] == ("OPD reward" if r["reward"] == "opd" else "weighted shift reward")
+    TR = read_json(campaign / "stats" / "transfer.json")["ratios"]
+    k3 = next(i for i, ln in enumerate(tldr) if "Direct-OPD transfer ratio" in ln)
+    got = re.findall(r"(\S+)@(\d+) (\w+)/(\w+): (ratio \S+|withheld \(([^)]*)\))", tldr[k3])
+    assert sorted((a, int(b), c, d, f) for a, b, c, d, _, f in got) == sorted(
+        (r["run"], r["step"], r["benchmark"], r["protocol"], ", ".join(r["failed"])) for r in TR if r["latest"])
+    CAP = read_json(campaign / "stats" / "cap_sensitivity.json")["views"]
+    v = next(v for v in CAP if v["protocol"] == "sample4")
+    k4 = next(i for i, ln in enumerate(tldr) if "Cap sensitivity" in ln)
+    m = re.search(r"π_pre's (\d+) tokens, over-cap-as-wrong gain (\S+) \[(\S+), (\S+)\] (\S+) \(native (\S+) \[(\S+), "
+                  r"(\S+)\] (\S+)\)\.$", tldr[k4])
+    assert int(m[1]) == v["cap"]
+    for (g, lo, hi, p), r in (((m[2], m[3], m[4], m[5]), v["over_cap_as_wrong"]), ((m[6], m[7], m[8], m[9]), v["native"])):
+        assert close(g, r["gain_pp"]) and close(lo, r["ci95_pp"][0]) and close(hi, r["ci95_pp"][1])
+        check_cell(p, "p", r["p"], "TL;DR cap")
+    DG = {(d["train_run"], d["train_step"], d["protocol"], d["role"]): d for d in read_json(campaign / "stats" / "diagnostics.json")["units"]}
+    init = next(d for d in DG.values() if d["role"] == "student_init" and d["protocol"] == "sample4")
+    k5 = next(i for i, ln in enumerate(tldr) if "Style and termination" in ln)
+    parts = re.findall(r"`(\S+)`@(\d+) answer_line (\S+) % → (\S+) %, boxed (\S+) % → (\S+) %, truncation (\S+) % → "
+                       r"(\S+) %", tldr[k5])
+    assert sorted(p[0] for p in parts) == sorted(n for n, *_ in RUNS)
+    for run, step, *nums in parts:
+        d = DG[(run, int(step), "sample4", "checkpoint")]
+        want = [init["extractor_pct"]["answer_line"], d["extractor_pct"]["answer_line"], init["extractor_pct"]["boxed"],
+                d["extractor_pct"]["boxed"], init["truncation_pct"], d["truncation_pct"]]
+        assert all(close(a, b) for a, b in zip(nums, want)), (run, nums, want)
+    k6 = len(tldr) - 1
+    ledger_rows = next(s for s in table_specs(campaign) if s[0][0] == "directory")[1]
+    m = re.search(r"Time: (\d+) stage runs, (\S+) s wall-clock, (\S+) GPU-seconds", tldr[k6])
+    assert int(m[1]) == len(ledger_rows)
+    check_cell(m[2], "sum", [r["wall_s"] for r in ledger_rows], "TL;DR time")
+    check_cell(m[3], "sum", [r["gpu_s"] for r in ledger_rows], "TL;DR time")
+    seen |= {k3, k4, k5, k6}
+    assert seen == set(range(len(tldr))), f"TL;DR lines without a check: {[tldr[i] for i in set(range(len(tldr))) - seen]}"
+    assert not re.search(r"\bnull\b|terminal checkpoint|capability transfer detected", readme)
+
+
+def check_report(campaign) -> None:
+    """AssertionError when any printed number is not its source cell (a lookup that fails counts as a mismatch)."""
+    try:
+        assert check_tables(campaign) > 400
+        check_tldr(campaign)
+    except (KeyError, StopIteration, TypeError, ValueError, IndexError) as e:
+        raise AssertionError(f"the report does not match its sources: {type(e).__name__}: {e}") from e
+
+
+def test_every_report_number_equals_its_source_cell(campaign):
     rep = campaign / "report"
     manifest = read_json(rep / "MANIFEST.json")["files"]
     for rel, sha in manifest.items():                            # the MANIFEST is true
         assert sha256_file(campaign / rel) == sha, rel
+    check_report(campaign)
     readme = (rep / "README.md").read_text()
-    checked = 0
-    for head, rows, source in tables(readme):
-        assert source.startswith("Source: "), f"table {head} names no source"
-        srcs = re.findall(r"`(stats/[a-z_]+\.json)`", source)
-        if srcs:
-            assert all(s in manifest for s in srcs)
-            values = np.array([v for s in srcs for v in leaves(read_json(campaign / s))])
-        else:   # the time ledger: per-run rows from each manifest; stage/total rows are sums of them
-            values = None
-        for row in rows:
-            if values is None:
-                continue
-            for cell in row:
-                cell = cell.replace("p<0.0001", "").replace("p=", "")
-                if cell and NUMERIC_CELL.match(cell):
-                    for tok in NUM.findall(cell):
-                        assert traces(tok, values), f"{tok!r} in table {head} row {row} not found in {srcs}"
-                        checked += 1
-    assert checked > 200
-    # the TL;DR's numbers, too (its last line sums the time ledger, checked below)
-    every = np.array([v for rel in manifest if rel.startswith("stats/") and rel.endswith(".json")
-                      for v in leaves(read_json(campaign / rel))])
     tldr = readme.split("## 0. TL;DR")[1].split("## 1.")[0].strip().splitlines()
-    assert len(tldr) >= 6 and tldr[-1].startswith(f"{len(tldr)}. Time:")
-    for line in tldr[:-1]:
-        body = line.split(". ", 1)[1].replace("p<0.0001", "").replace("95 %", "")
-        for tok in NUM.findall(body):
-            assert traces(tok, every), f"{tok!r} in TL;DR line {line!r} is in no stats file"
-    # the ledger tables: each directory row equals its manifest; stage rows and the total are their sums
-    t = tables(readme)
-    per_dir = next(rows for head, rows, _ in t if head[0] == "directory")
-    stage_rows = next(rows for head, rows, _ in t if head[0] == "stage")
-    ms = {}
-    for d, stage, wall, gpu in per_dir:
-        m = read_json(campaign / d.strip("`") / "manifest.json")
-        assert f"{d.strip('`')}/manifest.json" in manifest
-        assert (stage, wall, gpu) == (m["stage"], f"{m['wall_s']:.1f}", f"{m['gpu_s']:.1f}")
-        ms.setdefault(stage, []).append(m)
-    assert len(ms["04_eval"]) == 12 and "05_stats" in ms
-    for stage, n, wall, gpu in stage_rows:
-        group = [m for v in ms.values() for m in v] if stage == "**total**" else ms[stage]
-        assert int(n) == len(group) and wall == f"{sum(m['wall_s'] for m in group):.1f}"
-        assert gpu == f"{sum(m['gpu_s'] for m in group):.1f}"
+    tot = next(ln for ln in tldr if ". Time: " in ln)
+    ms = [read_json(p) for p in campaign.rglob("manifest.json") if "report" not in p.parts]
+    n, wall = len(ms) + 2, sum(m["wall_s"] for m in ms) + RAFT_FIRST_WALL   # + the overwritten RAFT and 05 runs
+    first05 = next(r for r in read_json(campaign / "stats" / "ledger.json")["runs"]
+                   if r["stage"] == "05_stats" and r["wall_s"] != read_json(campaign / "stats" / "manifest.json")["wall_s"])
+    assert f"Time: {n} stage runs, {wall + first05['wall_s']:.1f} s wall-clock" in tot
+
+
+# --- the checks bite: a mutated 05 / 06 is caught ---
+
+REPORT_MUTANTS = {   # name: (old, new) in 06_report.py
+    "swap init/ckpt accuracy columns": ('pct(g["acc_a"], 2), pct(g["acc_b"], 2), pp(g["gain_pp"]),\n        ci(g["ci95_pp"])',
+                                        'pct(g["acc_b"], 2), pct(g["acc_a"], 2), pp(g["gain_pp"]),\n        ci(g["ci95_pp"])'),
+    "teacher gain shifted by one row": ('pp(t["gain_pp"]), ci(t["ci95_pp"]),\n        t["p_str"], t["n_problems"]',
+                                        'pp(teacher[(teacher.index(t) + 1) % len(teacher)]["gain_pp"]), ci(t["ci95_pp"]),'
+                                        '\n        t["p_str"], t["n_problems"]'),
+    "wrong CI bound": ('return f"[{c[0]:+.3f}, {c[1]:+.3f}]"', 'return f"[{c[0]:+.3f}, {c[0]:+.3f}]"'),
+    "raw p printed as Holm p": ("Holm-adjusted p = {d['p_holm']:.4f}", "Holm-adjusted p = {d['p']:.4f}"),
+    "reruns dropped from the ledger": ('earlier=earlier_runs(S["ledger"]["runs"], manifest_runs(run_dir))', "earlier=[]"),
+    "per-seed rows shifted": ('    for g in e["per_seed"]:\n        rows.append([e["reward"], e["benchmark"], e["protocol"], f"seed {g[\'training_seed\']}"',
+                              '    for i, h in enumerate(e["per_seed"]):\n        g = e["per_seed"][(i + 1) % len(e["per_seed"])]\n'
+                              '        rows.append([e["reward"], e["benchmark"], e["protocol"], f"seed {h[\'training_seed\']}"'),
+}
+STATS_MUTANTS = {    # name: (old, new) in 05_stats.py
+    "pooled on the first seed only": ('pairs = [(by_key_unit(g["unit_a"]).correct(), by_key_unit(g["unit_b"]).correct()) for g in seeds]',
+                                      'pairs = [(by_key_unit(g["unit_a"]).correct(), by_key_unit(g["unit_b"]).correct()) for g in seeds[:1]] * len(seeds)'),
+    "no multiple-comparison adjustment": ('stats.holm([e["decision"]["p"] for e in by_reward])', '[e["decision"]["p"] for e in by_reward]'),
+    "reruns dropped from the ledger": ("current + earlier_runs(previous, current)", "current"),
+}
+
+
+def run_mutant(script: str, old: str, new: str, run_dir: Path, tmp: Path):
+    src = (REPO / script).read_text()
+    assert src.count(old) == 1, f"mutation target not found once in {script}: {old!r}"
+    mutant = tmp / script
+    mutant.write_text(src.replace(old, new))
+    env = os.environ | {"PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    p = subprocess.run([sys.executable, str(mutant), "--run-dir", str(run_dir)], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+
+
+@pytest.mark.parametrize("name", sorted(REPORT_MUTANTS))
+def test_report_check_catches_mutated_06(campaign, tmp_path, name):
+    run_dir = tmp_path / "toy"
+    shutil.copytree(campaign, run_dir)
+    run_mutant("06_report.py", *REPORT_MUTANTS[name], run_dir, tmp_path)
+    with pytest.raises(AssertionError):
+        check_report(run_dir)
+
+
+@pytest.mark.parametrize("name", sorted(STATS_MUTANTS))
+def test_stats_check_catches_mutated_05(campaign, tmp_path, name):
+    """The mutant reruns 05 on a copy of the campaign (its stats/ledger.json holds the overwritten RAFT run)."""
+    run_dir = tmp_path / "toy"
+    shutil.copytree(campaign, run_dir)
+    run_mutant("05_stats.py", *STATS_MUTANTS[name], run_dir, tmp_path)
+    with pytest.raises(AssertionError):
+        check_stats(run_dir)
 
 
 def test_readme_content_and_figures(campaign):
     rep = campaign / "report"
     readme = (rep / "README.md").read_text()
-    T = read_json(campaign / "stats" / "teacher_gains.json")
-    gate = next(t for t in T["gains"] if t["protocol"] == "sample4")
-    assert f"π_post − π_pre = {gate['gain_pp']:+.3f} [{gate['ci95_pp'][0]:+.3f}, {gate['ci95_pp'][1]:+.3f}]" in readme
-    assert "onset step 28 (band 28–40)" in readme
+    assert "onset step 28 (band 28–40)" in readme and "### 1.1 Gates of the main pair" in readme
     assert "## 6. RAFT teacher" in readme and "Gate G2" in readme and "no_correct_sample" in readme
+    assert "## 9. Pending" in readme and "`train/delta-sampled`" in readme
     pngs = sorted(p.name for p in (rep / "figures").glob("*.png"))
-    assert pngs == sorted(["teacher_gains.png", "training_opd-toy.png", "student_gain_toy_sample4.png",
-                           "student_gain_toy_greedy.png", "student_gain_toy_curve8.png", "teacher_vs_student.png",
-                           "answer_format.png", "raft_loss.png"])
+    assert pngs == sorted(["teacher_gains.png", "student_gain_toy_sample4.png", "student_gain_toy_greedy.png",
+                           "student_gain_toy_curve8.png", "teacher_vs_student.png", "answer_format.png", "raft_loss.png"]
+                          + [f"training_{n}.png" for n, *_ in RUNS])
     for name in pngs:
         assert f"(figures/{name})" in readme
         data = (rep / "figures" / name).read_bytes()
@@ -370,3 +806,45 @@ def test_mismatched_problem_sets_are_refused(tmp_path):
     r = run_stage("05_stats.py", run_dir, "--pair", "toy", ok=False)
     assert r.returncode != 0 and "mismatched problem ids" in r.stderr
     assert "only in evals/toy-pre/toy/sample4: [toy-000]" in r.stderr and "toy-040" in r.stderr
+
+
+def test_unfinished_runs_are_pending_not_refused(tmp_path):
+    """A run killed before its first checkpoint (empty folder, or a half-written metrics line) and a unit folder
+    without manifest: 05 and 06 report the finished part and list the rest as pending."""
+    run_dir = tmp_path / "toy"
+    for k, (alias, proto) in enumerate([(a, p) for a in ("toy-pre", "toy-post", "toy-student") for p in ("sample4", "greedy")]):
+        write_unit(run_dir, alias, proto, P_CORRECT[alias], 96, 30, k)
+    (run_dir / "train" / "opd" / "resume.tmp").mkdir(parents=True)
+    t = run_dir / "train" / "opd-seed1"
+    atomic_write_jsonl(t / "metrics.jsonl", metric_rows(n_steps=3))
+    with open(t / "metrics.jsonl", "a") as f:
+        f.write('{"step": 4, "response_len')                      # the trainer was killed mid-line
+    (run_dir / "evals" / "opd-step15" / "toy" / "sample4").mkdir(parents=True)
+    run_stage("05_stats.py", run_dir, "--pair", "toy")
+    P = read_json(run_dir / "stats" / "pending.json")
+    assert [(r["run"], r["reward"], r["seed"], r["steps_logged"]) for r in P["runs"]] == [
+        ("opd", "opd", 42, 0), ("opd-seed1", "opd", 1, None)]
+    assert [u["unit"] for u in P["units"]] == ["evals/opd-step15/toy/sample4"]
+    run_stage("06_report.py", run_dir)
+    readme = (run_dir / "report" / "README.md").read_text()
+    assert "Pending: 2 training run(s) and 1 eval unit(s)" in readme
+    assert "| `train/opd-seed1` | training run | reward opd, seed 1, ? steps logged |" in readme
+
+
+def test_removed_units_stay_in_the_ledger_and_the_verdict_falls_back(campaign, tmp_path):
+    """The opd seeds' sample4 units removed (to be redone): their time stays in the ledger, labelled; the opd verdict
+    falls back to the protocol its checkpoints still have (curve8) and the missing units are pending."""
+    run_dir = tmp_path / "toy"
+    shutil.copytree(campaign, run_dir)
+    gone = [f"evals/{n}-step40/toy/sample4" for n in ("opd", "opd-seed1", "opd-seed2")]
+    for rel in gone:
+        shutil.rmtree(run_dir / rel)
+    run_stage("05_stats.py", run_dir, "--pair", "toy")
+    run_stage("06_report.py", run_dir)
+    assert check_tables(run_dir) > 400
+    readme = (run_dir / "report" / "README.md").read_text()
+    assert re.search(r"`opd` \(classic OPD, one teacher\) on toy/curve8, latest evaluated checkpoint \(step 40\), "
+                     r"pooled over training seeds 1, 2, 42", readme)
+    for rel in gone:
+        assert f"| `{rel}` | 04_eval | earlier run (folder removed) |" in readme
+    assert {u["unit"] for u in read_json(run_dir / "stats" / "pending.json")["units"]} >= set(gone)

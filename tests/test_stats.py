@@ -125,7 +125,7 @@ def test_identical_models_gain_zero_p_one():
     a = {f"p{i}": list(rng.integers(0, 2, 8)) for i in range(30)}
     res = paired_bootstrap(a, a)
     assert res["gain_pp"] == 0 and res["p"] == 1.0 and res["ci95_pp"] == [0.0, 0.0] and not res["ci_excludes_0"]
-    assert stats.verdict(res) == "null"
+    assert stats.verdict(res) == "not significant"
 
 
 def test_all_negative_differences():
@@ -218,7 +218,7 @@ def test_transfer_ratio_guards(teacher, student, failed):
 
 def test_gain_scan():
     s = stats.gain_scan([res(2, 1, 3), res(-2, -3, -1), res(-2, -4, -0.5), res(1, -1, 3), res(0, 0, 0)])
-    assert s == {"n": 5, "positive_significant": 1, "negative_significant": 2, "null": 2}
+    assert s == {"n": 5, "positive_significant": 1, "negative_significant": 2, "not_significant": 2}
 
 
 def test_cap_sensitivity_against_manual_views():
@@ -249,9 +249,10 @@ def test_collapse_watch_by_hand():
     m = [{"step": i + 1, "response_length/clip_ratio": c, "response_length/mean": x} for i, (c, x) in enumerate(zip(clip, length))]
     w = collapse_watch(m)
     assert w["collapse_onset_step"] == 4 and w["length_runaway_step"] == 4 and w["collapse_band"] == [4, 7]
-    assert w["longest_clip90_run"] == [9, 11] and w["longest_clip90_len"] == 3 and w["peak_clip_ratio"] == 0.99
+    assert w["longest_clip90_span"] == [9, 11] and w["longest_clip90_run"] == 3 and w["peak_clip_ratio"] == 0.99
     calm = collapse_watch([{"step": s, "response_length/clip_ratio": 0.1, "response_length/mean": 50} for s in (1, 2)])
-    assert calm["collapse_onset_step"] is None and calm["collapse_band"] is None and calm["longest_clip90_run"] is None
+    assert calm["collapse_onset_step"] is None and calm["collapse_band"] is None and calm["longest_clip90_span"] is None
+    assert calm["longest_clip90_run"] == 0
 
 
 def test_diagnostics_by_hand():
@@ -273,3 +274,98 @@ def test_nested_grid_that_is_not_a_prefix():
     r = paired_bootstrap(a, b)
     assert r["seeds"] == [3, 6] and r["audit"]["restricted"] == "a"
     assert r["gain_pp"] == pytest.approx(100 * np.mean([(b[p][3] + b[p][6] - a[p][3] - a[p][6]) / 2 for p in a]))
+
+
+# --- several training seeds: the pooled gain, and Holm's adjustment ---
+
+def test_pooled_gain_matches_independent_numpy():
+    """K = 3 seeds, each checkpoint on its own seed grid (8, 4, 8 samples) against one 32-sample init; the pooled
+    estimator recomputed with numpy loops: d̄[p] = mean_k (acc_ckpt_k[p] − acc_init[p] on ckpt k's seeds)."""
+    rng = np.random.default_rng(17)
+    P = 45
+    skill = rng.random(P)
+    init = {f"q{i:02d}": {s: int(rng.random() < skill[i]) for s in range(32)} for i in range(P)}
+    grids = [range(8), range(4), range(8, 16)]
+    ckpts = [{f"q{i:02d}": {s: int(rng.random() < min(1, skill[i] + 0.05 * k)) for s in g} for i in range(P)}
+             for k, g in enumerate(grids)]
+    res = stats.pooled_gain([(init, c) for c in ckpts], n_boot=2000, seed=5)
+    ids = sorted(init)
+    dbar = np.zeros(P)
+    for c, g in zip(ckpts, grids):
+        for j, p in enumerate(ids):
+            dbar[j] += (np.mean([c[p][s] for s in g]) - np.mean([init[p][s] for s in g])) / len(ckpts)
+    rng2 = np.random.default_rng(5)
+    boot = np.array([100 * np.mean(dbar[rng2.integers(0, P, P)]) for _ in range(2000)])
+    assert res["gain_pp"] == pytest.approx(100 * dbar.mean(), abs=1e-9)
+    assert res["ci95_pp"] == pytest.approx(list(np.percentile(boot, [2.5, 97.5])), abs=1e-9)
+    p = min(1.0, 2 * min(np.mean(boot <= 1e-9), np.mean(boot >= -1e-9)))
+    assert res["p"] == pytest.approx(p, abs=1e-12) and res["n_training_seeds"] == 3 and res["n_problems"] == P
+    # one seed pooled is that seed's own paired gain
+    one = stats.pooled_gain([(init, ckpts[0])], n_boot=2000, seed=5)
+    single = paired_bootstrap(init, ckpts[0], n_boot=2000, seed=5)
+    assert one["gain_pp"] == pytest.approx(single["gain_pp"]) and one["ci95_pp"] == pytest.approx(single["ci95_pp"])
+    # seeds on different problem sets cannot be pooled
+    with pytest.raises(AlignmentError, match="other problems"):
+        stats.pooled_gain([(init, ckpts[0]), ({p: init[p] for p in ids[:-1]}, {p: ckpts[1][p] for p in ids[:-1]})])
+
+
+def test_holm_known_values_and_step_down_definition():
+    assert stats.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert stats.holm([0.0, 0.5]) == [0.0, 0.5] and stats.holm([]) == []
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        p = list(rng.random(int(rng.integers(1, 8))) ** 3)
+        adj = stats.holm(p)
+        for alpha in (0.01, 0.05, 0.1, 0.3):
+            # Holm's sequential procedure: reject the k smallest while p_(k) ≤ alpha / (m − k + 1)
+            rejected, m = set(), len(p)
+            for k, i in enumerate(sorted(range(m), key=lambda i: p[i])):
+                if p[i] > alpha / (m - k):
+                    break
+                rejected.add(i)
+            assert {i for i in range(m) if adj[i] <= alpha} == rejected
+
+
+def test_collapse_watch_agrees_with_the_trainers_live_watch():
+    """lib.campaign recomputes the watch from metrics.jsonl; lib.opd.CollapseWatch runs live in the trainer.
+    Same thresholds (declared once, in lib.opd), same onset, runaway and longest clip>run_clip length."""
+    from lib.opd import CollapseWatch
+    rng = np.random.default_rng(8)
+    for _ in range(30):
+        n = int(rng.integers(5, 40))
+        clip = list(np.round(rng.choice([0.0, 0.3, 0.5, 0.55, 0.9, 0.95, 1.0], n), 2))
+        length = list(rng.integers(20, 120, n).astype(float))
+        live = CollapseWatch()
+        for s, (c, x) in enumerate(zip(clip, length), 1):
+            live.update(s, c, x)
+        w = collapse_watch([{"step": s, "response_length/clip_ratio": c, "response_length/mean": x}
+                            for s, (c, x) in enumerate(zip(clip, length), 1)])
+        assert {k: w[k] for k in live.summary()} == live.summary()
+        span = w["longest_clip90_span"]
+        assert (span[1] - span[0] + 1 if span else 0) == w["longest_clip90_run"]
+
+
+def test_time_ledger_adds_reruns(tmp_path):
+    """Every stage run counts once: the manifests on disk, the earlier runs a manifest lists under previous_runs,
+    and the rows of an older ledger whose manifest a rerun has overwritten (not those still on disk)."""
+    import json
+    from lib.campaign import earlier_runs, manifest_runs, time_ledger
+
+    def manifest(d, stage, started, wall, gpu=0.0, **extra):
+        (tmp_path / d).mkdir(parents=True, exist_ok=True)
+        (tmp_path / d / "manifest.json").write_text(json.dumps(
+            {"stage": stage, "started": started, "ended": started, "wall_s": wall, "gpu_s": gpu, **extra}))
+
+    manifest("raft", "07_raft", "t0", 596.3)
+    manifest("report", "06_report", "t0", 5.0)                  # the report's own manifest is left out
+    old = manifest_runs(tmp_path)
+    manifest("raft", "07_raft", "t1", 17.1)                     # the rerun overwrites raft/manifest.json
+    manifest("train/opd", "03_opd_train", "t2", 30.0, 4.0, previous_runs=[{"started": "t1", "wall_s": 70.0, "gpu_s": 8.0}])
+    now = manifest_runs(tmp_path)
+    back = earlier_runs(old, now)
+    assert [(r["dir"], r["wall_s"]) for r in back] == [("raft", 596.3)]
+    assert earlier_runs(now, now) == []
+    led = time_ledger(tmp_path, earlier=back)
+    assert led["stages"]["07_raft"] == {"n_runs": 2, "wall_s": pytest.approx(613.4), "gpu_s": 0.0}
+    assert led["stages"]["03_opd_train"] == {"n_runs": 2, "wall_s": 100.0, "gpu_s": 12.0}
+    assert "06_report" not in led["stages"] and led["total"]["n_runs"] == 4
