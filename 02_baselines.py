@@ -15,7 +15,7 @@ import gc
 import importlib
 import sys
 
-from lib import registry
+from lib import models, registry
 
 eval04 = importlib.import_module("04_eval")   # the one implementation of an eval unit
 
@@ -38,7 +38,7 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     pair = registry.PAIRS[args.pair]
-    student = registry.STUDENTS[args.student or pair.student].model
+    student = models.student_spec(args.student or pair.student).model
     roles = {"pi_pre": pair.pi_pre, "pi_post": pair.pi_post, "student": student}
     wanted = [r.strip() for r in args.models.split(",")]
     unknown = [r for r in wanted if r not in roles]

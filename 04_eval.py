@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lib import registry
+from lib import benchmarks, models, registry
 from lib.artifacts import (ArtifactError, atomic_write_json, atomic_write_jsonl, code_hashes, read_json,
                            sha256_bytes, sha256_file, verify_dir, wall_clock, write_manifest)
 from lib.data import assistant_header, evenly_spaced, prompt_ids, render_chat, dapo_prompt, stable_seed
@@ -39,7 +39,8 @@ PARTIAL = "generations.partial.jsonl"
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run-dir", required=True, help="campaign directory (runs/<name>)")
-    p.add_argument("--model", required=True, help="registry alias, or a model / checkpoint folder")
+    p.add_argument("--model", required=True, help="registry alias, hub id (owner/name[@revision]), or a model / checkpoint folder")
+    p.add_argument("--revision", default=None, help="hub commit of --model (default: the registry's pin, else main)")
     p.add_argument("--alias", default=None, help="unit alias (default: the registry alias, or <run>-step<N> for a checkpoint)")
     p.add_argument("--benchmark", required=True, help=f"one of {sorted(registry.BENCHMARKS)} or a jsonl/parquet path")
     p.add_argument("--protocol", required=True, choices=sorted(registry.PROTOCOLS), help="sampling protocol (SPEC §5)")
@@ -62,7 +63,7 @@ class Plan:
     benchmark: str
     protocol: str
     out: Path
-    model: registry.Resolved
+    model: models.Resolved
     spec: registry.Model
     rows: list
     bench_src: str
@@ -74,16 +75,16 @@ class Plan:
 
 def plan_unit(run_dir, model_name, benchmark, protocol, *, alias=None, limit_problems=None, max_new_tokens=None,
               backend="hf", dtype="auto") -> Plan:
-    model = registry.resolve_model(model_name, run_dir)
+    model = models.resolve_model(model_name, run_dir)
     ckpt_file = model.path / "checkpoint.json"
     ckpt = read_json(ckpt_file) if ckpt_file.exists() else {}
     # a checkpoint is evaluated under its initial student's registry entry (cap, template kwargs)
-    spec = registry.model_spec(ckpt.get("student_init") or model_name, run_dir)
+    spec = models.model_spec(ckpt.get("student_init") or model_name, run_dir)
     if alias is None:
         alias = f"{ckpt['run']}-step{ckpt['step']}" if ckpt else model.alias
     model.extra.update({k: ckpt.get(k) for k in ("run", "step", "student_init")})
 
-    rows, src = registry.load_benchmark(benchmark)
+    rows, src = benchmarks.load_benchmark(benchmark)
     bench_name = benchmark if benchmark in registry.BENCHMARKS else Path(benchmark).stem
     deviations = []
     if limit_problems is not None and limit_problems < len(rows):
@@ -261,7 +262,8 @@ def context_limit(plan: Plan) -> int:
 
 def main(argv=None):
     args = parse_args(argv)
-    plan = plan_unit(args.run_dir, args.model, args.benchmark, args.protocol, alias=args.alias,
+    model = models.with_revision(args.model, args.revision)
+    plan = plan_unit(args.run_dir, model, args.benchmark, args.protocol, alias=args.alias,
                      limit_problems=args.limit_problems, max_new_tokens=args.max_new_tokens, backend=args.backend,
                      dtype=args.dtype)
     if existing_state(plan, args.skip_if_exists) == "done":

@@ -15,7 +15,7 @@ import pytest
 
 from lib import grading
 from lib.grading import TIMEOUT_S, Grade, clean, extract_answer, grade, grade_many
-from lib.registry import data_dir
+from lib.benchmarks import data_dir
 
 BENCHMARKS = ("math500", "aime24", "aime25")
 
