@@ -182,5 +182,5 @@ def evenly_spaced(rows: list, n: int | None) -> list:
     if n is None or n >= len(rows):
         return list(rows)
     if n <= 0:
-        raise UserError(f"--limit-problems must be positive, got {n}")
+        raise UserError(f"asked for {n} evenly spaced items: the count must be positive")
     return [rows[(i * len(rows)) // n] for i in range(n)]
