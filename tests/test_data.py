@@ -105,3 +105,21 @@ def test_a_stage_prints_one_line_and_no_traceback(tmp_path):
     assert r.returncode == 1 and r.stdout == ""
     assert r.stderr.splitlines() == [f"{p} line 2 (the last) is cut off (Expecting ':' delimiter): the file was "
                                      "truncated; copy it again or delete that line"], r.stderr
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("content, message", [
+    ('{"id": "a", "problem": "Compute 1+2."}\n{"id": "b", "problem": "Compute 2+2."}\n',
+     "{p} has 2 rows, fewer than one batch of 4 (--batch-prompts): add rows or lower --batch-prompts"),
+    ('{"id": "a", "problem": 7}\n', "{p} line 1 (id='a'): problem must be non-empty text, got int '7'; write it as a "
+                                    "JSON string"),
+])
+def test_03_refuses_bad_training_data_before_loading_the_student(tmp_path, content, message):
+    from lib import toy
+    toy.build()
+    p = tmp_path / "prompts.jsonl"
+    p.write_text(content)
+    r = subprocess.run([sys.executable, "03_opd_train.py", "--pair", "toy", "--train-data", str(p), "--batch-prompts",
+                        "4", "--run-dir", str(tmp_path / "run")], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert (r.returncode, r.stderr.splitlines()) == (1, [message.format(p=p)]), r.stderr
+    assert not (tmp_path / "run").exists()                                    # nothing written
