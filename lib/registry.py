@@ -1,4 +1,4 @@
-"""The registry of SPEC §2: models, pairs, students, benchmarks, protocols. Declared once, here; pure tables.
+"""The registry of DESIGN.md §2: models, pairs, students, benchmarks, protocols. Declared once, here; pure tables.
 
 A model is a Hugging Face causal LM named by an alias. It lives on the hub (`hub_id` at a pinned 40-hex
 `revision`), in the toy world (`toy`), or in a folder of the campaign (`run_path`, e.g. the RAFT teacher that
