@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from lib import anatomy, chat_template, gates, registry
+from lib import anatomy, benchmarks, chat_template, gates, models, registry
 from lib.artifacts import (ArtifactError, atomic_write_json, atomic_write_text, read_json,
                            read_manifest, verify_dir, wall_clock, write_manifest)
 from lib.data import assistant_header, dapo_prompt, prompt_ids, render_chat
@@ -41,7 +41,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     a, D = p.add_argument, anatomy.Settings          # D: the anatomy's defaults, declared in lib/anatomy.py
     a("--pair", default="toy", choices=sorted(registry.PAIRS), help="teacher pair (DESIGN.md §2)")
-    a("--student", default=None, help=f"student (default: the pair's); one of {sorted(registry.STUDENTS)}")
+    a("--student", default=None, help=f"student (default: the pair's): one of {sorted(registry.STUDENTS)}, "
+                                      "a model alias, a hub id[@revision] or a folder")
     a("--run-dir", default=None, help="campaign directory (default runs/<pair>); reports go to <run-dir>/gates/")
     a("--gates", nargs="+", default=list(GATES), choices=GATES, help="which gates to run (default: all)")
     a("--allow", nargs="+", default=[], choices=GATES, metavar="GATE",
@@ -94,10 +95,10 @@ def prompt_lengths(m: dict, rows: list[dict]) -> dict[str, int]:
 
 def gate_tokenizer(roles, train_rows, args) -> dict:
     problems = []
-    d = registry.data_dir()
+    d = benchmarks.data_dir()
     for name in ("aime24", "aime25", "math500", "math_train"):
         if d is not None and (d / registry.BENCHMARKS[name].file).exists():
-            problems += [r["problem"] for r in registry.load_benchmark(name, require_answer=False)[0]]
+            problems += [r["problem"] for r in benchmarks.load_benchmark(name, require_answer=False)[0]]
     if not problems:      # no data directory: the pair's own training prompts still exercise real text
         problems = [r["problem"] for r in train_rows]
     strings = gates.roundtrip_strings(problems, args.roundtrip_strings)
@@ -135,7 +136,7 @@ def gate_context(roles, pair, args) -> dict:
         mpe, cap = max_positions(m), m["spec"].eval_max_new_tokens
         for bench, proto in pair.evals:
             if (role, bench) not in lengths:
-                lengths[role, bench] = prompt_lengths(m, registry.load_benchmark(bench)[0])
+                lengths[role, bench] = prompt_lengths(m, benchmarks.load_benchmark(bench)[0])
             ls = lengths[role, bench]
             longest = max(ls, key=ls.get)
             rows_out.append(dict(model=m["alias"], role=role, benchmark=bench, protocol=proto,
@@ -250,7 +251,7 @@ def main(argv=None):
     started, t_start = wall_clock()
     pair = registry.PAIRS[args.pair]
     student_name = args.student or pair.student
-    sspec = registry.STUDENTS[student_name]
+    sspec = models.student_spec(student_name)
     args.max_prompt_len = args.max_prompt_len or sspec.max_prompt_len
     args.max_response_len = args.max_response_len or sspec.max_response_len
     run_dir = Path(args.run_dir or f"runs/{args.pair}")
@@ -260,7 +261,7 @@ def main(argv=None):
         roles = anatomy.load_roles(pair, student_name, run_dir)
     except (RuntimeError, FileNotFoundError, KeyError) as e:       # offline hub, missing RAFT folder, bad alias
         sys.exit(f"[01] cannot load the models of pair {args.pair}: {e}")
-    train_rows, train_src = registry.load_benchmark(args.train_data or pair.train_data, require_answer=False)
+    train_rows, train_src = benchmarks.load_benchmark(args.train_data or pair.train_data, require_answer=False)
     print(f"[01] gates for pair {args.pair}: student {roles['student']['alias']}, π_pre {roles['pi_pre']['alias']}, "
           f"π_post {roles['pi_post']['alias']} → {out_dir}", flush=True)
 

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from lib import registry
+from lib import models, registry
 
 EVAL = Path(__file__).resolve().parent / "04_eval.py"      # the one implementation of an eval unit
 
@@ -39,7 +39,7 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     pair = registry.PAIRS[args.pair]
-    student = registry.STUDENTS[args.student or pair.student].model
+    student = models.student_spec(args.student or pair.student).model
     roles = {"pi_pre": pair.pi_pre, "pi_post": pair.pi_post, "student": student}
     wanted = [r.strip() for r in args.models.split(",")]
     unknown = [r for r in wanted if r not in roles]

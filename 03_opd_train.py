@@ -32,9 +32,9 @@ import numpy as np
 import torch
 
 from lib import dist as D
-from lib import opd, registry
+from lib import benchmarks, models, opd, registry
 from lib.artifacts import atomic_write_json, atomic_write_text, read_jsonl, wall_clock, write_manifest
-from lib.data import prompt_ids, stable_seed
+from lib.data import prompt_ids, require_rows, stable_seed
 from lib.scoring import TokenScorer, pack, score_ids
 
 
@@ -44,9 +44,11 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     a = p.add_argument
     a("--pair", default="toy", choices=sorted(registry.PAIRS), help="teacher pair (SPEC §2)")
-    a("--student", default=None, help=f"student (default: the pair's); one of {sorted(registry.STUDENTS)}")
+    a("--student", default=None, help=f"student (default: the pair's): one of {sorted(registry.STUDENTS)}, "
+                                      "a model alias, a hub id[@revision] or a folder")
     a("--reward", default="delta-topk", choices=opd.REWARDS, help="token reward (SPEC §7.2)")
-    a("--teacher", default=None, help="classic OPD's teacher (default: the student's registry teacher)")
+    a("--teacher", default=None, help="classic OPD's teacher: alias, hub id[@revision] or folder (default: the "
+                                      "student's registry teacher)")
     a("--train-data", default=None, help="training prompts: a registry name or any jsonl/parquet with id, problem "
                                           "(default: the pair's)")
     a("--run-dir", default=None, help="campaign directory (default runs/<pair>)")
@@ -111,7 +113,7 @@ def log(d: D.Dist, msg: str):
 # --- data: prompts rendered under the STUDENT's template; teachers score the same ids verbatim ---
 
 def load_prompts(args, pair, tokenizer, chat_kwargs, d):
-    rows, src = registry.load_benchmark(args.train_data or pair.train_data, require_answer=False)
+    rows, src = benchmarks.load_benchmark(args.train_data or pair.train_data, require_answer=False)
     rows = [rows[i] for i in np.random.default_rng(args.seed).permutation(len(rows))]   # shuffled once
     ids = [prompt_ids(tokenizer, r["problem"], **chat_kwargs) for r in rows]
     over = [(r["id"], len(x)) for r, x in zip(rows, ids) if len(x) > args.max_prompt_len]
@@ -165,7 +167,7 @@ def main(argv=None):
     bf16 = d.device.type == "cuda"
     pair = registry.PAIRS[args.pair]
     student_name = args.student or pair.student
-    sspec = registry.STUDENTS[student_name]
+    sspec = models.student_spec(student_name)
     args.max_prompt_len = args.max_prompt_len or sspec.max_prompt_len
     args.max_response_len = args.max_response_len or sspec.max_response_len
     run_dir = Path(args.run_dir or f"runs/{args.pair}")
@@ -179,15 +181,16 @@ def main(argv=None):
     else:
         roles |= {"pi_pre": pair.pi_pre, "pi_post": pair.pi_post}
     if d.main:
-        resolved = {k: registry.resolve_model(v, run_dir) for k, v in roles.items()}
+        resolved = models.resolve_roles(roles, run_dir, f"pair {args.pair}")
     torch.distributed.barrier()
     if not d.main:
-        resolved = {k: registry.resolve_model(v, run_dir) for k, v in roles.items()}
+        resolved = models.resolve_roles(roles, run_dir, f"pair {args.pair}")
     from transformers import AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(resolved["student"].path)
-    chat_kwargs = {"enable_thinking": True} if registry.model_spec(sspec.model).thinking else {}
+    chat_kwargs = {"enable_thinking": True} if models.model_spec(sspec.model).thinking else {}
     rows, prompts, data_src, dropped = load_prompts(args, pair, tokenizer, chat_kwargs, d)
     B, n, W = args.batch_prompts, args.rollouts, d.world
+    require_rows(rows, B, data_src, "--batch-prompts")
     if B % W:
         sys.exit(f"--batch-prompts {B} must be divisible by the number of processes {W}")
     steps = min(args.steps, len(rows) // B)

@@ -27,7 +27,7 @@ import os
 import time
 from pathlib import Path
 
-from lib import registry
+from lib import benchmarks, models, registry
 from lib.artifacts import ArtifactError, code_hashes, sha256_bytes, wall_clock
 from lib.data import assistant_header, prompt_ids, render_chat, dapo_prompt, stable_seed
 from lib.units import Plan, config_sha256, existing_state, grading_summary, plan_unit, sample_rows, summarize, write_unit
@@ -38,7 +38,8 @@ PARTIAL = "generations.partial.jsonl"
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run-dir", required=True, help="campaign directory (runs/<name>)")
-    p.add_argument("--model", required=True, help="registry alias, or a model / checkpoint folder")
+    p.add_argument("--model", required=True, help="registry alias, hub id (owner/name[@revision]), or a model / checkpoint folder")
+    p.add_argument("--revision", default=None, help="hub commit of --model (default: the registry's pin, else main)")
     p.add_argument("--alias", default=None, help="unit alias (default: the registry alias, or <run>-step<N> for a checkpoint)")
     p.add_argument("--benchmark", required=True, help=f"one of {sorted(registry.BENCHMARKS)} or a jsonl/parquet path")
     p.add_argument("--protocol", required=True, choices=sorted(registry.PROTOCOLS), help="sampling protocol (DESIGN.md §5)")
@@ -168,7 +169,8 @@ def open_engine_for(plan: Plan, backend: str, dtype: str, batch_size: int, gpu_m
 
 def main(argv=None):
     args = parse_args(argv)
-    plan = plan_unit(args.run_dir, args.model, args.benchmark, args.protocol, alias=args.alias,
+    model = models.with_revision(args.model, args.revision)
+    plan = plan_unit(args.run_dir, model, args.benchmark, args.protocol, alias=args.alias,
                      limit_problems=args.limit_problems, max_new_tokens=args.max_new_tokens, backend=args.backend,
                      dtype=args.dtype)                    # a tampered checkpoint is refused here, before any loading
     if existing_state(plan, args.skip_if_exists) == "done":

@@ -49,7 +49,7 @@ from pathlib import Path
 import torch
 
 from lib import anatomy as lib_anatomy     # the shift anatomy of 01_gates, one driver for both stages
-from lib import raft, registry
+from lib import benchmarks, models, raft, registry
 from lib.artifacts import (atomic_write_json, atomic_write_jsonl, read_json, read_jsonl, read_manifest, sha256_bytes,
                            sha256_file, verify_dir, wall_clock, write_manifest)
 from lib.data import assistant_header, evenly_spaced, prompt_ids, stable_seed
@@ -119,13 +119,13 @@ def fmt_pct(d: dict) -> str:
 
 def chat_kwargs(alias: str) -> dict:
     """Template kwargs of a registry model (Qwen3: thinking mode)."""
-    return {"enable_thinking": True} if registry.model_spec(alias).thinking else {}
+    return {"enable_thinking": True} if models.model_spec(alias).thinking else {}
 
 
 # --- stage 1: rejection sampling ---
 
 def stage_sample(args, out, base, pre, tok, rows):
-    cap = args.max_new_tokens or registry.model_spec(base).eval_max_new_tokens
+    cap = args.max_new_tokens or models.model_spec(base).eval_max_new_tokens
     config = {"base": base, "model": {k: v for k, v in pre.provenance().items() if k != "path"},
               "train_data": registry.PAIRS[args.pair].train_data, "problem_ids_sha256":
               sha256_bytes("\n".join(r["id"] for r in rows).encode()), "n_prompts": len(rows), "k": args.k,
@@ -334,8 +334,8 @@ def stage_sft(args, out, base, pre, tok):
                         "val_loss": v}
                 D.save_hf(sd, pre.path, first, D.config_dtype(pre.path), meta)
                 # save_hf names its meta checkpoint.json, which 04_eval reads as a training-run checkpoint: this
-                # model is evaluated as the registry alias `raft`, under its base's settings (registry.BASE_FILE)
-                os.replace(first / "checkpoint.json", first / registry.BASE_FILE)
+                # model is evaluated as the registry alias `raft`, under its base's settings (models.BASE_FILE)
+                os.replace(first / "checkpoint.json", first / models.BASE_FILE)
                 for tag in saves[step][1:]:
                     raft.link_tree(first, out / f"ckpt_{tag}")
             del sd
@@ -393,7 +393,7 @@ def anatomy(args, out, pair_name) -> dict:
     cfg = lib_anatomy.Settings(max_prompt_len=student.max_prompt_len, max_response_len=student.max_response_len,
                                prompts=args.anatomy_prompts, backend=args.backend, bootstrap=args.anatomy_bootstrap)
     roles = lib_anatomy.load_roles(pair, pair.student, args.run_dir)
-    rows, _ = registry.load_benchmark(pair.train_data, require_answer=False)
+    rows, _ = benchmarks.load_benchmark(pair.train_data, require_answer=False)
     (out / "anatomy").mkdir(parents=True, exist_ok=True)
     rep = lib_anatomy.run(roles, rows, cfg, out / "anatomy", pair_name)
     atomic_write_json(out / "anatomy" / "anatomy.json", {k: v for k, v in rep.items() if k != "table"})
@@ -439,7 +439,7 @@ def write_stats(args, out, base, pre, started, wall, stage):
                               "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}}
     names = ["samples", "kept.jsonl", "stage1.json", "sft.json", "sft_metrics.jsonl", "ckpt_025", "ckpt_050",
              "ckpt_075", "ckpt_100", "model", "probe.json", "anatomy", "stats.json"]
-    train_src = registry.benchmark_source(registry.PAIRS[args.pair].train_data)
+    train_src = benchmarks.benchmark_source(registry.PAIRS[args.pair].train_data)
     inputs = {"pi_pre": pre.provenance()} | ({"train_data": train_src} if Path(train_src).exists() else {})
     write_manifest(out, stage="07_raft", script=__file__, args=vars(args), inputs=inputs,
                    outputs=[n for n in names if (out / n).exists()], started=min(v["started"] for v in stages.values()),
@@ -474,13 +474,13 @@ def main(argv=None):
     base = pair.pi_pre
     run_dir, out = Path(args.run_dir), Path(args.run_dir) / "raft"
     out.mkdir(parents=True, exist_ok=True)
-    pre = registry.resolve_model(base, run_dir)
+    pre = models.resolve_model(base, run_dir)
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(pre.path)
 
     if args.stage in ("sample", "all"):
         started, t0 = wall_clock()
-        rows, _ = registry.load_benchmark(pair.train_data, require_answer=True)
+        rows, _ = benchmarks.load_benchmark(pair.train_data, require_answer=True)
         stage_sample(args, out, base, pre, tok, evenly_spaced(rows, args.limit_prompts))
         write_stats(args, out, base, pre, started, time.monotonic() - t0, "sample")
     if args.stage in ("sft", "all"):

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from lib import gates, opd, registry
+from lib import gates, models, opd
 from lib.artifacts import atomic_write_jsonl
 from lib.auroc import auroc_report
 from lib.data import evenly_spaced, prompt_ids, stable_seed
@@ -128,12 +128,12 @@ def anatomy_gate(stats: dict, min_stop_delta: float, min_abs_delta: float, min_p
 def load_roles(pair, student_name, run_dir) -> dict:
     """{role: dict(alias, resolved, tok, config, kw)} for student, π_pre, π_post."""
     from transformers import AutoTokenizer
-    aliases = {"student": registry.STUDENTS[student_name].model, "pi_pre": pair.pi_pre, "pi_post": pair.pi_post}
-    roles = {}
+    aliases = {"student": models.student_spec(student_name).model, "pi_pre": pair.pi_pre, "pi_post": pair.pi_post}
+    roles, resolved = {}, models.resolve_roles(aliases, run_dir, "the pair")
     for role, alias in aliases.items():
-        res = registry.resolve_model(alias, run_dir)
+        res = resolved[role]
         cfg = json.loads((res.path / "config.json").read_text())
-        spec = registry.model_spec(alias, run_dir)
+        spec = models.model_spec(alias, run_dir)
         kw = {"enable_thinking": True} if spec.thinking else {}
         roles[role] = dict(alias=alias, resolved=res, tok=AutoTokenizer.from_pretrained(res.path), config=cfg, kw=kw,
                            spec=spec)

@@ -73,11 +73,28 @@ def git_commit() -> str | None:
 
 # --- atomic writes: a temp file in the same directory, fsync, then rename ---
 
+def current_umask() -> int:
+    """The process umask, read without changing it (os.umask can only be read by setting it, racing other threads)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
+    """Write `data` to `path` so that a reader sees the old file or the new one, never a part. The file gets the
+    mode an ordinary open() would give it (0644 under umask 022), not mkstemp's private 0600."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~current_umask())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

@@ -10,6 +10,8 @@ import json
 import os
 from pathlib import Path
 
+from lib.errors import UserError
+
 # --- the DAPO prompt: used for training and evaluation alike ---
 
 DAPO_PREFIX = ("Solve the following math problem step by step. The last line of your response should be of the form "
@@ -26,7 +28,7 @@ def render_chat(tokenizer, user_text: str, **template_kwargs) -> str:
 
     `template_kwargs` go to the template (Qwen3's `enable_thinking=True`; see registry.Model.thinking)."""
     if not getattr(tokenizer, "chat_template", None):
-        raise ValueError(f"tokenizer {getattr(tokenizer, 'name_or_path', '?')} has no chat_template; "
+        raise UserError(f"tokenizer {getattr(tokenizer, 'name_or_path', '?')} has no chat_template; "
                          "every model of the campaign is a chat model — point at a folder that ships one")
     return tokenizer.apply_chat_template([{"role": "user", "content": user_text}], tokenize=False,
                                          add_generation_prompt=True, **template_kwargs)
@@ -54,52 +56,125 @@ def stable_seed(*parts) -> int:
     return int.from_bytes(digest[:8], "little") & (2**63 - 1)
 
 
-# --- loading problem rows ---
+# --- loading problem rows: every malformed input is refused with its file, line and fix, before any model loads ---
 
 REQUIRED = ("id", "problem", "answer")
+BOM = b"\xef\xbb\xbf"
 
 
 def load_rows(source: str | Path, id_field: str = "id", require_answer: bool = True) -> list[dict]:
-    """Rows from a .jsonl/.json/.parquet path or `hf://owner/name[:split]`; checked for ids, fields, duplicates.
+    """Rows from a .jsonl/.json/.parquet path or `hf://owner/name[@revision][:split]`; checked for shape, types,
+    ids and duplicates.
 
     `id_field` names the id column of a hub copy (MATH-500's is `unique_id`). Training prompts need no answer
     (`require_answer=False`: on-policy distillation never grades them); a row without one keeps `answer: None`."""
     s = str(source)
+    required = REQUIRED if require_answer else REQUIRED[:2]
     if s.startswith("hf://"):
         rows = [{**r, "id": r[id_field]} for r in _load_hub(s[len("hf://"):])]
+        return check_rows(rows, s, required)
+    p = Path(s)
+    if not p.is_file():
+        raise UserError(f"file not found: {p}; pass the path of an existing .jsonl/.parquet file")
+    if p.suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq  # only parquet inputs need it (requirements/common.txt)
+        except ImportError:
+            raise UserError(f"{p}: reading parquet needs pyarrow; pip install -r requirements/common.txt") from None
+        rows, lines = pq.read_table(p).to_pylist(), None
     else:
-        p = Path(s)
-        if not p.exists():
-            raise FileNotFoundError(f"problem file {p} does not exist; pass --data-dir or a full path")
-        if p.suffix == ".parquet":
-            import pyarrow.parquet as pq  # optional: only parquet inputs need it
-            rows = pq.read_table(p).to_pylist()
-        elif p.suffix == ".json":
-            rows = json.loads(p.read_text())
-        else:
-            rows = [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return check_rows(rows, s, REQUIRED if require_answer else REQUIRED[:2])
+        rows, lines = _read_json_rows(p)
+    if not rows:
+        raise UserError(f"{p} holds no rows: every problem file needs at least one {{{', '.join(required)}}} row")
+    return check_rows(rows, str(p), required, lines)
+
+
+def _read_json_rows(p: Path) -> tuple[list, list[int]]:
+    """(rows, 1-based line of each row) of a JSON Lines file, or of a .json file holding one list of rows."""
+    raw = p.read_bytes()
+    if raw.startswith(BOM):
+        raise UserError(f"{p} line 1 starts with a UTF-8 byte-order mark: save the file as UTF-8 without BOM")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        raise UserError(f"{p} line {line}: byte 0x{raw[e.start]:02x} is not UTF-8; re-save the file as UTF-8") from None
+    if p.suffix == ".json":
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as e:
+            if e.msg == "Extra data":
+                raise UserError(f"{p} holds one JSON value per line (JSON Lines) but is named .json: rename it to "
+                                f"{p.with_suffix('.jsonl').name}") from None
+            raise UserError(f"{p} line {e.lineno} is not valid JSON ({e.msg}): fix the file") from None
+        if not isinstance(rows, list):
+            raise UserError(f"{p} holds a JSON {type(rows).__name__}, not a list of rows: write a list of "
+                            f"{{\"id\", \"problem\", \"answer\"}} objects, or one object per line in a .jsonl file")
+        return rows, None
+    rows, lines = [], []
+    all_lines = text.split("\n")
+    for n, line in enumerate(all_lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            if n == len(all_lines) and not text.endswith("\n"):
+                raise UserError(f"{p} line {n} (the last) is cut off ({e.msg}): the file was truncated; copy it "
+                                f"again or delete that line") from None
+            raise UserError(f"{p} line {n} is not JSON ({e.msg}): fix or delete that line") from None
+        lines.append(n)
+    return rows, lines
 
 
 def _load_hub(spec: str) -> list[dict]:
-    from datasets import load_dataset  # only users with hub access need `datasets`
+    """Rows of `owner/name[@revision][:split]` through `datasets` (only users with hub access need it)."""
     name, _, split = spec.partition(":")
-    return [dict(r) for r in load_dataset(name, split=split or "test")]
+    name, _, revision = name.partition("@")
+    try:
+        from datasets import load_dataset
+    except ImportError:
+        raise UserError(f"hf://{spec} needs the datasets package: pip install -r requirements/common.txt") from None
+    try:
+        return [dict(r) for r in load_dataset(name, split=split or "test", revision=revision or None)]
+    except Exception as e:  # offline, gated, wrong pin or split
+        why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": ")
+        raise UserError(f"dataset {name}@{revision or 'main'} could not be loaded ({why}): fetch it where the hub is "
+                        f"reachable with `hf download {name} --repo-type dataset --revision {revision or 'main'}`, "
+                        f"or set OPD_DATA_DIR to a folder holding the benchmark's .jsonl file") from None
 
 
-def check_rows(rows: list[dict], where: str = "rows", required=REQUIRED) -> list[dict]:
+def check_rows(rows: list, where: str = "rows", required=REQUIRED, lines: list[int] | None = None) -> list[dict]:
+    """Each row an object with `required` fields, text `problem`, scalar id and answer, ids unique."""
     seen = set()
     for i, r in enumerate(rows):
+        at = f"{where} line {lines[i]}" if lines else f"{where} row {i + 1}"
+        if not isinstance(r, dict):
+            raise UserError(f"{at} is a JSON {type(r).__name__}, not an object: write each row as "
+                            f"{{\"id\": …, \"problem\": …, \"answer\": …}}")
         missing = [k for k in required if k not in r or r[k] is None]
         if missing:
-            raise ValueError(f"{where} row {i} (id={r.get('id')!r}) lacks {missing}; every row needs "
-                             f"{', '.join(required)} — fix the row or remove it from the file")
+            raise UserError(f"{at} (id={r.get('id')!r}) lacks {missing}; every row needs "
+                            f"{', '.join(required)} — fix the row or remove it from the file")
+        if not isinstance(r["problem"], str) or not r["problem"].strip():
+            raise UserError(f"{at} (id={r['id']!r}): problem must be non-empty text, got {type(r['problem']).__name__} "
+                            f"{str(r['problem'])[:40]!r}; write it as a JSON string")
+        for k in ("id", "answer"):
+            if r.get(k) is not None and not isinstance(r[k], (str, int, float)):
+                raise UserError(f"{at}: {k} must be a string or a number, got {type(r[k]).__name__}; fix the row")
         r["id"] = str(r["id"])
         r["answer"] = None if r.get("answer") is None else str(r["answer"])
         if r["id"] in seen:
-            raise ValueError(f"{where} has duplicate id {r['id']!r}; ids must be unique")
+            raise UserError(f"{at}: duplicate id {r['id']!r}; ids must be unique — rename or remove one of the rows")
         seen.add(r["id"])
     return rows
+
+
+def require_rows(rows: list, need: int, where: str, flag: str) -> None:
+    """Refuse, before any model is loaded, a data set smaller than one batch (`need` rows, set by `flag`)."""
+    if len(rows) < need:
+        raise UserError(f"{where} has {len(rows)} rows, fewer than one batch of {need} ({flag}): add rows or lower "
+                        f"{flag}")
 
 
 def evenly_spaced(rows: list, n: int | None) -> list:
@@ -107,5 +182,5 @@ def evenly_spaced(rows: list, n: int | None) -> list:
     if n is None or n >= len(rows):
         return list(rows)
     if n <= 0:
-        raise ValueError(f"--limit-problems must be positive, got {n}")
+        raise UserError(f"asked for {n} evenly spaced items: the count must be positive")
     return [rows[(i * len(rows)) // n] for i in range(n)]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lib import registry
+from lib import benchmarks, models, registry
 from lib.artifacts import (ArtifactError, atomic_write_json, atomic_write_jsonl, dumps_json, read_json, sha256_bytes,
                            sha256_file, verify_dir, write_manifest)
 from lib.campaign import EXTRACTORS, check_unit
@@ -76,7 +76,7 @@ class Plan:
     benchmark: str
     protocol: str
     out: Path
-    model: registry.Resolved
+    model: models.Resolved
     spec: registry.Model
     rows: list
     bench_src: str
@@ -89,17 +89,17 @@ class Plan:
 
 def plan_unit(run_dir, model_name, benchmark, protocol, *, alias=None, limit_problems=None, max_new_tokens=None,
               backend="hf", dtype="auto") -> Plan:
-    model = registry.resolve_model(model_name, run_dir)
+    model = models.resolve_model(model_name, run_dir)
     sealed_by = verify_model_folder(model.path)
     ckpt_file = model.path / "checkpoint.json"
     ckpt = read_json(ckpt_file) if ckpt_file.exists() else {}
     # a checkpoint is evaluated under its initial student's registry entry (cap, template kwargs)
-    spec = registry.model_spec(ckpt.get("student_init") or model_name, run_dir)
+    spec = models.model_spec(ckpt.get("student_init") or model_name, run_dir)
     if alias is None:
         alias = f"{ckpt['run']}-step{ckpt['step']}" if ckpt else model.alias
     model.extra.update({k: ckpt.get(k) for k in ("run", "step", "student_init")})
 
-    rows, src = registry.load_benchmark(benchmark)
+    rows, src = benchmarks.load_benchmark(benchmark)
     bench_name = benchmark if benchmark in registry.BENCHMARKS else Path(benchmark).stem
     deviations = []
     if limit_problems is not None and limit_problems < len(rows):

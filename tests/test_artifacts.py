@@ -1,4 +1,5 @@
-"""Atomic writes, manifests and refusal on a hash mismatch (SPEC §11); data loading and the DAPO prompt (SPEC §3)."""
+"""Atomic writes, manifests and refusal on a hash mismatch (SPEC §11); the real benchmark files and the DAPO prompt
+(SPEC §3). Malformed problem files: tests/test_data.py."""
 import hashlib
 import json
 import os
@@ -6,7 +7,8 @@ import os
 import pytest
 
 from lib import artifacts as A
-from lib import data, registry
+from lib import benchmarks, data
+from lib.errors import UserError
 
 
 def test_atomic_write_leaves_no_temp_and_keeps_old_file_on_failure(tmp_path):
@@ -64,18 +66,6 @@ def test_dapo_prompt_is_verbatim():
     assert s.endswith('What is 1+1?\n\nRemember to put your answer on its own line after "Answer:".')
 
 
-def test_rows_are_checked(tmp_path):
-    p = tmp_path / "b.jsonl"
-    p.write_text('{"id": 1, "problem": "x", "answer": 2}\n{"id": "1", "problem": "y", "answer": "3"}\n')
-    with pytest.raises(ValueError, match="duplicate id '1'"):
-        data.load_rows(p)
-    p.write_text('{"id": "a", "problem": "x"}\n')
-    with pytest.raises(ValueError, match=r"row 0 \(id='a'\) lacks \['answer'\]"):
-        data.load_rows(p)
-    with pytest.raises(FileNotFoundError, match="does not exist"):
-        data.load_rows(tmp_path / "nope.jsonl")
-
-
 def test_evenly_spaced_and_stable_seed():
     assert data.evenly_spaced(list(range(10)), 3) == [0, 3, 6]
     assert data.evenly_spaced(list(range(500)), 100)[:3] == [0, 5, 10]
@@ -84,34 +74,26 @@ def test_evenly_spaced_and_stable_seed():
     assert 0 <= data.stable_seed("x") < 2**63
 
 
-def test_registry_is_consistent():
-    for name, pair in registry.PAIRS.items():
-        for m in (pair.pi_pre, pair.pi_post):
-            assert m in registry.MODELS, f"pair {name}: {m}"
-        assert pair.student in registry.STUDENTS and pair.train_data in registry.BENCHMARKS
-        for bench, proto in pair.evals:
-            assert bench in registry.BENCHMARKS and proto in registry.PROTOCOLS
-    pins = {m.alias: m.revision for m in registry.MODELS.values() if m.revision}
-    assert pins == {"qwen2.5-1.5b-instruct": "989aa7980e4cf806f80c7fef2b1adb7bc71aa306",
-                    "openthinker3-1.5b": "0ee90a38b29bfac8b8b005da9ae32c59e2943785"}
-    assert registry.MODELS["qwen2.5-math-1.5b"].eval_max_new_tokens == 3_200
-    assert registry.PROTOCOLS["sample32"] == registry.Protocol(32, 0.7, 0.95)
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o002, 0o664), (0o077, 0o600)])
+def test_atomic_writes_honour_the_umask(tmp_path, umask, mode):
+    old = os.umask(umask)
+    try:
+        assert A.current_umask() == umask
+        A.atomic_write_json(tmp_path / "a.json", {"a": 1})
+        A.atomic_write_text(tmp_path / "a.json", "replaced")          # a replacement gets the mode too
+        with open(tmp_path / "plain.txt", "w") as f:                   # the reference: what open() gives
+            f.write("x")
+    finally:
+        os.umask(old)
+    assert os.stat(tmp_path / "a.json").st_mode & 0o777 == mode == os.stat(tmp_path / "plain.txt").st_mode & 0o777
 
 
 def test_real_benchmarks_load_when_present():
-    if registry.data_dir() is None:
+    if benchmarks.data_dir() is None:
         pytest.skip("no ../shared/data beside the checkout and OPD_DATA_DIR unset")
-    sizes = {b: len(registry.load_benchmark(b)[0]) for b in ("aime24", "aime25", "math500")}
+    sizes = {b: len(benchmarks.load_benchmark(b)[0]) for b in ("aime24", "aime25", "math500")}
     assert sizes == {"aime24": 30, "aime25": 30, "math500": 500}
-    with pytest.raises(ValueError, match=r"math-train-00886.*lacks \['answer'\]"):   # 2 real rows have no answer
-        registry.load_benchmark("math_train")
-    train, _ = registry.load_benchmark("math_train", require_answer=False)      # prompts need none
+    with pytest.raises(UserError, match=r"math_train\.jsonl line 887 \(id='math-train-00886'\) lacks \['answer'\]"):
+        benchmarks.load_benchmark("math_train")                      # 2 real rows have no answer
+    train, _ = benchmarks.load_benchmark("math_train", require_answer=False)      # prompts need none
     assert len(train) == 7474 and sum(r["answer"] is None for r in train) == 2
-
-
-def test_hub_models_fail_offline_with_a_fix(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(RuntimeError, match="pass the local folder"):
-        registry.resolve_model("qwen2.5-1.5b-instruct")
-    with pytest.raises(KeyError, match="neither a registered alias"):
-        registry.resolve_model("no-such-model")

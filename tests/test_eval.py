@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from helpers import run_script
-from lib import registry, toy
+from lib import benchmarks, models, toy
 from lib.artifacts import read_json, read_jsonl, verify_dir, write_manifest
 from lib.toy_task import extract_int
 
@@ -38,7 +38,7 @@ def test_unit_contents(world, tmp_path):
     assert scores["n_problems"] == 6 and scores["seeds"] == [0, 1, 2, 3]
     assert scores["deviations"] and "limit-problems: 6" in scores["deviations"][0]
     check_numbers_against_rows(scores, rows)
-    gold = {r["id"]: int(r["answer"]) for r in registry.load_benchmark("toy")[0]}
+    gold = {r["id"]: int(r["answer"]) for r in benchmarks.load_benchmark("toy")[0]}
     for r in rows:                       # every verdict agrees with the toy's own integer rule, graded independently
         assert r["correct"] == (extract_int(r["completion"]) == gold[r["problem_id"]]), r
     prov = scores["provenance"]
@@ -149,7 +149,7 @@ def fake_checkpoint(run_dir, seal=True):
     """train/fake/step_000001: toy π_pre's files as a training run writes them, sealed by the run's manifest."""
     run = run_dir / "train" / "fake"
     step = run / "step_000001"
-    shutil.copytree(registry.resolve_model("toy-pre").path, step)
+    shutil.copytree(models.resolve_model("toy-pre").path, step)
     (step / "checkpoint.json").write_text(json.dumps({"run": "fake", "step": 1, "student_init": "toy-pre"}))
     if seal:
         write_manifest(run, stage="03_opd_train", script=__file__, args={}, inputs={}, outputs=["step_000001"],
@@ -187,7 +187,7 @@ def test_unsealed_checkpoint_and_added_file_are_refused(world, tmp_path):
 
 
 def test_two_benchmark_files_with_one_stem(world, tmp_path):
-    rows = registry.load_benchmark("toy")[0]
+    rows = benchmarks.load_benchmark("toy")[0]
     for sub, part in (("a", rows[:2]), ("b", rows[2:4])):
         (tmp_path / sub).mkdir()
         (tmp_path / sub / "bench.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))

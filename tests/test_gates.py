@@ -335,9 +335,9 @@ def test_e2e_offsupport_pair_fails_the_anatomy_gate_and_says_why(tmp_path):
 @pytest.mark.e2e
 def test_e2e_prompt_one_token_over_the_cap_is_named(tmp_path):
     from transformers import AutoTokenizer
-    from lib import registry
+    from lib import models
     from lib.data import prompt_ids
-    tok = AutoTokenizer.from_pretrained(registry.resolve_model("toy-student").path)
+    tok = AutoTokenizer.from_pretrained(models.resolve_model("toy-student").path)
     rows = [{"id": "short", "problem": "Compute 1+2."}, {"id": "long", "problem": "Compute 1+2-3+4-1+5+2-3+1."},
             {"id": "mid", "problem": "Compute 4-1+5."}]
     (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -18,7 +18,7 @@ import pytest
 from lib import grading
 from lib.extract import clean, extract_answer
 from lib.grading import TIMEOUT_S, Grade, grade, grade_many
-from lib.registry import data_dir
+from lib.benchmarks import data_dir
 
 BENCHMARKS = ("math500", "aime24", "aime25")
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from helpers import run_script
-from lib import raft, registry, toy, toy_task
+from lib import models, raft, registry, toy, toy_task
 from lib.artifacts import read_json, read_jsonl, sha256_file, verify_dir
 from lib.data import assistant_header, prompt_ids
 from lib.sft import IGNORE, collate, completion_labels
@@ -257,8 +257,8 @@ def test_e2e_checkpoint_reloads_side_files_identical(e2e):
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM
     out, pre = e2e / "raft", toy.model_dir("pre")
-    assert registry.resolve_model("raft", e2e).path == out / "model"
-    assert registry.model_spec("raft", e2e).eval_max_new_tokens == registry.MODELS["toy-pre"].eval_max_new_tokens
+    assert models.resolve_model("raft", e2e).path == out / "model"
+    assert models.model_spec("raft", e2e).eval_max_new_tokens == registry.MODELS["toy-pre"].eval_max_new_tokens
     assert not (out / "model" / "checkpoint.json").exists()          # 04_eval must not take it for a training run
     for tag in ("025", "050", "075", "100"):
         ck = out / f"ckpt_{tag}"
@@ -268,7 +268,7 @@ def test_e2e_checkpoint_reloads_side_files_identical(e2e):
             keys = set(f.keys())
         with safe_open(pre / "model.safetensors", "pt") as f:
             assert keys == set(f.keys()) and "lm_head.weight" not in keys   # tied: no lm_head written
-        assert read_json(ck / registry.BASE_FILE)["base"] == "toy-pre"
+        assert read_json(ck / models.BASE_FILE)["base"] == "toy-pre"
     assert all(sha256_file(out / "model" / f.name) == sha256_file(out / "ckpt_100" / f.name)
                for f in (out / "ckpt_100").iterdir())
     m = AutoModelForCausalLM.from_pretrained(out / "model")

@@ -1,0 +1,59 @@
+"""Benchmark resolution: a benchmark name or a path → its rows and where they were read from (DESIGN.md §2).
+
+A registered benchmark is read from its file in the data directory ($OPD_DATA_DIR, else ../shared/data beside the
+checkout), else from its pinned hub copy; toy benchmarks live inside the toy world. Any other name must be a path.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from lib.artifacts import REPO
+from lib.data import load_rows
+from lib.errors import UserError
+from lib.registry import BENCHMARKS
+
+
+def data_dir() -> Path | None:
+    """Where benchmark files live: $OPD_DATA_DIR, else ../shared/data beside the checkout when present."""
+    env = os.environ.get("OPD_DATA_DIR")
+    if env:
+        return Path(env)
+    for cand in (REPO.parent / "shared" / "data", REPO / "shared" / "data"):
+        if cand.exists():
+            return cand
+    return None
+
+
+def looks_like_path(name: str) -> bool:
+    return "/" in name or os.sep in name or Path(name).suffix in (".jsonl", ".json", ".parquet")
+
+
+def benchmark_source(name: str) -> str:
+    """The path (or hf://owner/name@revision:split) a benchmark is read from."""
+    if name not in BENCHMARKS:
+        if Path(name).exists():
+            return name
+        if looks_like_path(name):
+            raise UserError(f"file not found: {name}; pass the path of an existing .jsonl/.parquet file")
+        raise UserError(f"unknown benchmark {name!r}: use one of {', '.join(sorted(BENCHMARKS))} or the path of a "
+                        f".jsonl/.parquet file")
+    b = BENCHMARKS[name]
+    if name.startswith("toy"):
+        from lib import toy
+        return str(toy.build() / "data" / b.file)
+    d = data_dir()
+    if d is not None and (d / b.file).exists():
+        return str(d / b.file)
+    if b.hub:
+        return f"hf://{b.hub}@{b.revision}:{b.split}"
+    where = f"{d} (OPD_DATA_DIR)" if d is not None else "no data directory (set OPD_DATA_DIR)"
+    raise UserError(f"file not found: benchmark {name} needs {b.file}, which is not in {where}: set OPD_DATA_DIR to "
+                    f"the folder holding it")
+
+
+def load_benchmark(name: str, require_answer: bool = True) -> tuple[list[dict], str]:
+    """(rows, source) for a registered benchmark name or a path; training prompts pass require_answer=False."""
+    src = benchmark_source(name)
+    rows = load_rows(src, BENCHMARKS[name].id_field if name in BENCHMARKS else "id", require_answer)
+    return rows, src

@@ -1,0 +1,165 @@
+"""Model resolution: any model name → a local folder and the revision actually used (DESIGN.md §2).
+
+A model can be named three ways, wherever one is asked for (04's `--model`, 03's `--student` / `--teacher`, a pair's
+π_pre / π_post / student):
+  - a registry alias (`qwen2.5-1.5b-instruct`, `toy-pre`, `raft`, …): lib/registry.py's entry, pinned revision;
+  - a hub id, optionally `@revision` (`Qwen/Qwen2.5-1.5B-Instruct@989aa79…`); a registered hub id gets its
+    registry entry (pin, token cap, thinking mode) unless another revision is asked for;
+  - a local folder holding config.json (a checkpoint, a model copied from elsewhere).
+Offline, a hub model that is not in the local Hugging Face cache is refused with the command that fetches it.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from lib.artifacts import read_json, sha256_tree
+from lib.errors import UserError
+from lib.registry import MODELS, STUDENTS, Model, Student
+
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+HUB_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.py"]
+BASE_FILE = "raft.json"   # 07_raft.py writes it into the RAFT teacher's folder: {"base": π_pre's alias, ...}
+
+
+# --- names: alias | hub id[@revision] | folder ---
+
+def split_revision(name: str, revision: str | None = None) -> tuple[str, str | None]:
+    """'owner/name@rev' → ('owner/name', 'rev'); an explicit `revision` wins over none, and must agree with one."""
+    base, at, rev = name.partition("@")
+    if at and not Path(name).exists():
+        if revision and revision != rev:
+            raise UserError(f"model {name} names revision {rev} but --revision says {revision}: give it once")
+        return base, rev
+    return name, revision
+
+
+def with_revision(name: str, revision: str | None) -> str:
+    """`name@revision` when a revision is given (04's --revision), else `name`."""
+    return f"{name}@{revision}" if revision else name
+
+
+def registered(name: str) -> Model | None:
+    """The registry entry of an alias or of a registered hub id."""
+    return MODELS.get(name) or next((m for m in MODELS.values() if m.hub_id and m.hub_id == name), None)
+
+
+def is_hub_id(name: str) -> bool:
+    return bool(HUB_ID.fullmatch(name)) and not Path(name).exists()
+
+
+def fetch_command(hub_id: str, revision: str | None, repo_type: str = "model") -> str:
+    kind = "" if repo_type == "model" else f" --repo-type {repo_type}"
+    return f"hf download {hub_id}{kind} --revision {revision or 'main'}"
+
+
+def model_spec(name: str, run_dir: str | Path | None = None) -> Model:
+    """The registry entry of a name (alias or registered hub id), or a bare entry for any other hub id or folder.
+    A model made by the campaign (`run_path`) whose folder names its base in raft.json is evaluated under the base's
+    settings (token cap, thinking mode): the toy RAFT teacher gets toy π_pre's 96-token cap, the real one
+    Qwen2.5-1.5B-Instruct's."""
+    base_name, _ = split_revision(name)
+    m = registered(base_name)
+    if m is None:
+        hub = base_name if is_hub_id(base_name) else None
+        return Model(base_name.replace("/", "--") if hub else Path(base_name).name, hub_id=hub)
+    if m.run_path and run_dir is not None and (f := Path(run_dir) / m.run_path / BASE_FILE).exists():
+        base = MODELS.get(read_json(f).get("base"))
+        if base is not None:
+            return replace(m, eval_max_new_tokens=base.eval_max_new_tokens, thinking=base.thinking)
+    return m
+
+
+def student_spec(name: str) -> Student:
+    """A registered student, or any other model name trained under the default caps (no default teacher)."""
+    if name in STUDENTS:
+        return STUDENTS[name]
+    base_name = split_revision(name)[0]
+    if registered(base_name) or is_hub_id(base_name) or (Path(name) / "config.json").exists():
+        return Student(name)
+    raise UserError(f"unknown student {name!r}: use one of {sorted(STUDENTS)}, a model alias, a hub id or a folder "
+                    f"with config.json")
+
+
+# --- resolution: a local folder + provenance ---
+
+@dataclass
+class Resolved:
+    alias: str
+    path: Path
+    hub_id: str | None = None
+    revision: str | None = None       # what was asked for
+    resolved_revision: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    def provenance(self) -> dict:
+        return {"alias": self.alias, "path": str(self.path), "hub_id": self.hub_id, "revision": self.revision,
+                "resolved_revision": self.resolved_revision}
+
+
+class NotFetched(UserError):
+    """A hub model that could not be fetched (offline, gated, wrong pin)."""
+
+    def __init__(self, alias: str, hub_id: str, revision: str | None, why: str):
+        self.alias, self.hub_id, self.revision = alias, hub_id, revision
+        super().__init__(f"model {alias} ({hub_id}@{revision or 'main'}) could not be fetched ({why}): fetch it where "
+                         f"the hub is reachable with `{fetch_command(hub_id, revision)}` (it lands in the Hugging Face "
+                         f"cache; copy that cache here or pass the model's folder instead)")
+
+
+def resolve_model(name: str, run_dir: str | Path | None = None, revision: str | None = None) -> Resolved:
+    """Turn an alias, a hub id (`@revision` or `revision=`) or a folder into a local folder and the revision used."""
+    base_name, revision = split_revision(name, revision)
+    m = registered(base_name)
+    if m is not None and m.toy:
+        from lib import toy
+        return Resolved(m.alias, toy.model_dir(m.toy), resolved_revision="toy:" + toy.world_hash())
+    if m is not None and m.shape:
+        from lib import shapes
+        return Resolved(m.alias, shapes.model_dir(*m.shape), resolved_revision=f"random:{m.shape[0]}:seed{m.shape[1]}")
+    if m is not None and m.run_path:
+        if run_dir is None:
+            raise UserError(f"model {m.alias} lives in a campaign directory ({m.run_path}); pass --run-dir")
+        p = Path(run_dir) / m.run_path
+        if not (p / "config.json").exists():
+            raise UserError(f"model {m.alias} not found at {p}: run 07_raft.py for this campaign first")
+        return Resolved(m.alias, p, resolved_revision="local:" + sha256_tree(p)[:16])
+    if m is not None:
+        return _resolve_hub(m.alias, m.hub_id, revision or m.revision)
+    p = Path(base_name)
+    if (p / "config.json").exists():
+        return Resolved(p.name, p, resolved_revision="local:" + sha256_tree(p)[:16])
+    if p.exists():
+        raise UserError(f"model folder {p} has no config.json: point at the folder that holds the model's config.json")
+    if is_hub_id(base_name):
+        return _resolve_hub(base_name.replace("/", "--"), base_name, revision)
+    raise UserError(f"unknown model {name!r}: not a registry alias ({', '.join(sorted(MODELS))}), not a hub id "
+                    f"(owner/name[@revision]) and not a folder with config.json")
+
+
+def _resolve_hub(alias: str, hub_id: str, revision: str | None) -> Resolved:
+    from huggingface_hub import snapshot_download
+    try:
+        path = Path(snapshot_download(hub_id, revision=revision or "main", allow_patterns=HUB_FILES))
+    except Exception as e:  # offline, gated, or a wrong pin: say which and how to fix it
+        raise NotFetched(alias, hub_id, revision, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                         .rstrip(": ")) from None
+    return Resolved(alias, path, hub_id, revision, resolved_revision=path.name)
+
+
+def resolve_roles(names: dict[str, str], run_dir: str | Path | None = None,
+                  what: str = "the run") -> dict[str, Resolved]:
+    """{role: Resolved} for every model of a run; hub models that cannot be fetched are listed together, each as
+    `id@revision` with the command that fetches it, in one line."""
+    out, missing = {}, []
+    for role, name in names.items():
+        try:
+            out[role] = resolve_model(name, run_dir)
+        except NotFetched as e:
+            missing.append(f"{role} {e.hub_id}@{e.revision or 'main'} (`{fetch_command(e.hub_id, e.revision)}`)")
+    if missing:
+        raise UserError(f"{len(missing)} model(s) of {what} are not in the local Hugging Face cache and the hub cannot "
+                        f"be reached: {'; '.join(missing)}. Fetch them where the hub is reachable and copy the cache "
+                        f"here (HF_HOME), or name local folders instead")
+    return out

@@ -1,0 +1,125 @@
+"""Problem files (DESIGN.md §2): every malformed input is refused in one line naming the file, the line and the fix,
+before any model is loaded; a stage prints that line alone (no traceback)."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from lib import benchmarks, data
+from lib.artifacts import REPO
+from lib.errors import UserError
+
+GOOD = '{"id": "a", "problem": "1+1?", "answer": "2"}\n'
+
+
+def refused(path, match, **kw):
+    with pytest.raises(UserError, match=match) as e:
+        data.load_rows(path, **kw)
+    msg = str(e.value)
+    assert "\n" not in msg and str(path) in msg, msg
+    return msg
+
+
+@pytest.mark.parametrize("name, content, match", [
+    ("bad.jsonl", GOOD + "not json\n" + GOOD.replace('"a"', '"b"'), r"line 2 is not JSON .*fix or delete that line"),
+    ("cut.jsonl", GOOD + '{"id": "b", "prob', r"line 2 \(the last\) is cut off .*truncated"),
+    ("lines.json", GOOD + GOOD.replace('"a"', '"b"'), r"JSON Lines\) but is named \.json: rename it to lines\.jsonl"),
+    ("bom.jsonl", "\ufeff" + GOOD, r"line 1 starts with a UTF-8 byte-order mark: save the file as UTF-8 without BOM"),
+    ("list.jsonl", GOOD + "[1, 2]\n", r"line 2 is a JSON list, not an object"),
+    ("num.jsonl", GOOD + '{"id": "b", "problem": 42, "answer": "2"}\n', r"line 2 \(id='b'\): problem must be non-empty text, got int"),
+    ("empty.jsonl", "", r"holds no rows"),
+    ("blank.jsonl", "\n  \n", r"holds no rows"),
+    ("nested.jsonl", '{"id": {"x": 1}, "problem": "p", "answer": "2"}\n', r"line 1: id must be a string or a number"),
+    ("dup.jsonl", GOOD + "\n" + GOOD, r"line 3: duplicate id 'a'"),      # the blank line 2 is counted
+    ("obj.json", '{"id": "a"}', r"holds a JSON dict, not a list of rows"),
+])
+def test_malformed_file_is_refused_in_one_line(tmp_path, name, content, match):
+    p = tmp_path / name
+    p.write_text(content, encoding="utf-8")
+    refused(p, match)
+
+
+def test_non_utf8_bytes_name_their_line(tmp_path):
+    p = tmp_path / "latin1.jsonl"
+    p.write_bytes(GOOD.encode() + '{"id": "b", "problem": "café", "answer": "1"}\n'.encode("latin-1"))
+    refused(p, r"line 2: byte 0xe9 is not UTF-8; re-save the file as UTF-8")
+
+
+def test_missing_answer_and_missing_file(tmp_path):
+    p = tmp_path / "b.jsonl"
+    p.write_text('{"id": "a", "problem": "x"}\n')
+    refused(p, r"line 1 \(id='a'\) lacks \['answer'\]")
+    assert data.load_rows(p, require_answer=False)[0]["answer"] is None       # training prompts need none
+    refused(tmp_path / "nope.jsonl", r"^file not found: ")
+
+
+def test_good_files_load(tmp_path):
+    rows = [{"id": 1, "problem": "x", "answer": 2, "level": 3}, {"id": "b", "problem": "y", "answer": "z"}]
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + "\n")
+    (tmp_path / "a.json").write_text(json.dumps(rows))
+    want = [{"id": "1", "problem": "x", "answer": "2", "level": 3}, {"id": "b", "problem": "y", "answer": "z"}]
+    assert data.load_rows(tmp_path / "a.jsonl") == want == data.load_rows(tmp_path / "a.json")
+
+
+def test_parquet_rows_are_checked_too(tmp_path):
+    pq = pytest.importorskip("pyarrow.parquet", reason="pyarrow not installed (requirements/common.txt)")
+    import pyarrow as pa
+    pq.write_table(pa.table({"id": ["a", "b"], "problem": ["x", "y"], "answer": ["1", None]}), tmp_path / "p.parquet")
+    assert len(data.load_rows(tmp_path / "p.parquet", require_answer=False)) == 2
+    refused(tmp_path / "p.parquet", r"p\.parquet row 2 \(id='b'\) lacks \['answer'\]")
+
+
+def test_fewer_rows_than_one_batch():
+    data.require_rows([1, 2, 3], 3, "t.jsonl", "--batch-prompts")
+    with pytest.raises(UserError, match=r"^t\.jsonl has 2 rows, fewer than one batch of 3 \(--batch-prompts\): add rows "
+                                        r"or lower --batch-prompts$"):
+        data.require_rows([1, 2], 3, "t.jsonl", "--batch-prompts")
+
+
+def test_benchmark_names_and_paths(tmp_path):
+    with pytest.raises(UserError, match=r"^unknown benchmark 'aime2024': use one of aime24, aime25"):
+        benchmarks.load_benchmark("aime2024")
+    with pytest.raises(UserError, match=r"^file not found: .*nope\.jsonl"):
+        benchmarks.load_benchmark(str(tmp_path / "nope.jsonl"))
+    (tmp_path / "mine.jsonl").write_text(GOOD)
+    rows, src = benchmarks.load_benchmark(str(tmp_path / "mine.jsonl"))
+    assert rows[0]["id"] == "a" and src == str(tmp_path / "mine.jsonl")
+
+
+def test_registered_benchmark_without_its_file_names_the_variable(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPD_DATA_DIR", str(tmp_path))
+    with pytest.raises(UserError, match=r"math_train needs math_train\.jsonl, which is not in .*set OPD_DATA_DIR"):
+        benchmarks.benchmark_source("math_train")
+    b = benchmarks.BENCHMARKS["math500"]
+    assert benchmarks.benchmark_source("math500") == f"hf://HuggingFaceH4/MATH-500@{b.revision}:test"
+    (tmp_path / "math500.jsonl").write_text(GOOD)
+    assert benchmarks.benchmark_source("math500") == str(tmp_path / "math500.jsonl")
+
+
+def test_a_stage_prints_one_line_and_no_traceback(tmp_path):
+    p = tmp_path / "cut.jsonl"
+    p.write_text(GOOD + '{"id"')
+    r = subprocess.run([sys.executable, "-c", f"from lib import benchmarks; benchmarks.load_benchmark({str(p)!r})"],
+                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr.splitlines() == [f"{p} line 2 (the last) is cut off (Expecting ':' delimiter): the file was "
+                                     "truncated; copy it again or delete that line"], r.stderr
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("content, message", [
+    ('{"id": "a", "problem": "Compute 1+2."}\n{"id": "b", "problem": "Compute 2+2."}\n',
+     "{p} has 2 rows, fewer than one batch of 4 (--batch-prompts): add rows or lower --batch-prompts"),
+    ('{"id": "a", "problem": 7}\n', "{p} line 1 (id='a'): problem must be non-empty text, got int '7'; write it as a "
+                                    "JSON string"),
+])
+def test_03_refuses_bad_training_data_before_loading_the_student(tmp_path, content, message):
+    from lib import toy
+    toy.build()
+    p = tmp_path / "prompts.jsonl"
+    p.write_text(content)
+    r = subprocess.run([sys.executable, "03_opd_train.py", "--pair", "toy", "--train-data", str(p), "--batch-prompts",
+                        "4", "--run-dir", str(tmp_path / "run")], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert (r.returncode, r.stderr.splitlines()) == (1, [message.format(p=p)]), r.stderr
+    assert not (tmp_path / "run").exists()                                    # nothing written
