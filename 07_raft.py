@@ -332,10 +332,9 @@ def stage_sft(args, out, base, pre, tok):
                 first = out / f"ckpt_{saves[step][0]}"
                 meta = {"base": base, "stage": "07_raft", "pair": args.pair, "step": step, "steps": total,
                         "val_loss": v}
-                D.save_hf(sd, pre.path, first, D.config_dtype(pre.path), meta)
-                # save_hf names its meta checkpoint.json, which 04_eval reads as a training-run checkpoint: this
-                # model is evaluated as the registry alias `raft`, under its base's settings (registry.BASE_FILE)
-                os.replace(first / "checkpoint.json", first / registry.BASE_FILE)
+                # not checkpoint.json, which 04_eval reads as a training-run checkpoint: this model is evaluated as
+                # the registry alias `raft`, under its base's settings (registry.BASE_FILE)
+                D.save_hf(sd, pre.path, first, D.config_dtype(pre.path), meta, meta_name=registry.BASE_FILE)
                 for tag in saves[step][1:]:
                     raft.link_tree(first, out / f"ckpt_{tag}")
             del sd
