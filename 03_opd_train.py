@@ -188,14 +188,15 @@ def checkpoint(args, d, student, optim, kl, watch, step, out, resolved, sspec, r
         D.save_resume(student, optim, {"step": step, "kl_coef": kl.coef, "watch": watch.__dict__,
                                        "torch_rng": torch.get_rng_state().tolist(), "args": settings},
                       out / runs.RESUME)
-    except Exception as e:
-        if not runs.disk_full(e):
+    except BaseException as e:      # torch.distributed.checkpoint's CheckpointException is a BaseException
+        need = 3 * 4 * sum(p.numel() for p in student.parameters())      # fp32 weights + two Adam moments
+        if isinstance(e, (KeyboardInterrupt, SystemExit)) or not runs.disk_full(e, out, need):
             raise
         for tmp in (ck.with_name(ck.name + ".tmp"), out / runs.RESUME_TMP):
             shutil.rmtree(tmp, ignore_errors=True)
-        sys.exit(f"[03] the disk is full: the step {step} checkpoint could not be written under {out} "
-                 f"({shutil.disk_usage(out).free / 2**20:.0f} MiB free); free space, then rerun the same command "
-                 f"(it continues from the last complete checkpoint)")
+        sys.exit(f"[03] the disk is full: the step {step} checkpoint (~{need / 2**20:.0f} MiB) could not be written "
+                 f"under {out} ({shutil.disk_usage(out).free / 2**20:.0f} MiB free once its partial files are "
+                 f"removed); free space, then rerun the same command (it continues from the last complete checkpoint)")
     log(d, f"[03] saved {ck}")
     return time.monotonic() - t0
 
@@ -288,6 +289,7 @@ def main(argv=None):
                 if not ck.name[5:].isdigit() or int(ck.name[5:]) > start:
                     shutil.rmtree(ck)
             (out / "manifest.json").unlink(missing_ok=True)      # a finished run asked for more steps: unsealed
+            runs.tidy(out, src)
         log(d, f"[03] resumed {out} at step {start} from {src.name}/ (kl_coef {kl.coef:.4f})")
     elif d.main and (gone := runs.clear_partial(out)):
         log(d, f"[03] {out} holds no complete checkpoint: restarting it (removed {', '.join(gone)})")
@@ -434,6 +436,7 @@ def main(argv=None):
                   f"{m['timing_s/update']:.1f})" + "".join(f"\n  !! {e}" for e in events), flush=True)
 
         # 6. checkpoint: merged HF folder, then the resume state (swapped in whole); then the budget guard
+        runs.fault("step-logged", step)
         tracker.log(m, step)
         budget.step(time.monotonic() - t_mark)
         stop_now = args.stop_on_collapse and watch.collapsed

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lib import registry
+from lib import registry, runs
 from lib.artifacts import (ArtifactError, atomic_write_json, atomic_write_jsonl, code_hashes, read_json,
                            sha256_bytes, sha256_file, verify_dir, wall_clock, write_manifest)
 from lib.data import assistant_header, evenly_spaced, prompt_ids, render_chat, dapo_prompt, stable_seed
@@ -75,6 +75,8 @@ class Plan:
 def plan_unit(run_dir, model_name, benchmark, protocol, *, alias=None, limit_problems=None, max_new_tokens=None,
               backend="hf", dtype="auto") -> Plan:
     model = registry.resolve_model(model_name, run_dir)
+    if (model.path / runs.INTEGRITY).exists():   # a checkpoint's sha256s, recorded when 03/07 wrote it
+        runs.verify_files(model.path, "the checkpoint", "re-run the training stage that wrote it")
     ckpt_file = model.path / "checkpoint.json"
     ckpt = read_json(ckpt_file) if ckpt_file.exists() else {}
     # a checkpoint is evaluated under its initial student's registry entry (cap, template kwargs)

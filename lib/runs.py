@@ -99,6 +99,13 @@ def clear_partial(out: Path) -> list[str]:
     return gone
 
 
+def tidy(out: Path, src: Path) -> None:
+    """A resumed run: drop the partial state of the kill (resume.tmp) and a superseded resume.old."""
+    shutil.rmtree(Path(out) / RESUME_TMP, ignore_errors=True)
+    if src.name != RESUME_OLD:
+        shutil.rmtree(Path(out) / RESUME_OLD, ignore_errors=True)
+
+
 def settings_diff(saved: dict, now: dict, may_differ=MAY_DIFFER, steps_may_grow: bool = True) -> list[str]:
     """One line per flag whose value differs (flags in `may_differ` ignored; a continued run's `steps` may grow:
     the data order is fixed, so more steps only go further down the same pass)."""
@@ -168,15 +175,18 @@ def verify_files(folder: Path, what: str, fix: str) -> None:
 
 # --- failures ---
 
-def disk_full(exc: BaseException) -> bool:
+def disk_full(exc: BaseException, folder: Path | None = None, need_bytes: int = 0) -> bool:
+    """Was this write failure a full disk? ENOSPC / EDQUOT anywhere in the exception chain, or (torch's zip writer
+    reports it only as `[enforce fail at inline_container.cc] unexpected pos …`) less room left in `folder` than the
+    write needed."""
     e = exc
     while e is not None:
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
             return True
-        if "No space left on device" in str(e) or "file write failed" in str(e):
+        if "No space left on device" in str(e):
             return True
         e = e.__cause__ or e.__context__
-    return False
+    return folder is not None and shutil.disk_usage(folder).free < need_bytes
 
 
 def fault(point: str, step: int | None = None):
