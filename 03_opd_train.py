@@ -212,6 +212,9 @@ def decide(out: Path, settings: dict):
                  f"ones, or pass --run-name for a new run. Differing:\n" + "\n".join(diff))
     if mode == "finished" and settings["steps"] > saved["steps"]:
         mode, src = "resume", runs.resume_dir(out)
+        if src is None:
+            sys.exit(f"{out} is finished at --steps {saved['steps']} and holds no resume state to continue from; "
+                     f"pass --run-name for a new run")
     return mode, src
 
 
