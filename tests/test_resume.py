@@ -225,7 +225,6 @@ def test_full_disk_during_first_checkpoint_says_so(tmp_path):
 
 
 def test_time_limit_stops_after_a_checkpoint_and_the_rerun_continues(reference, tmp_path):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     extra = ["--keep-last=1", "--logger=tensorboard"]
     p = train(tmp_path, *extra, "--time-limit=1")       # the model load alone takes longer: stop after step 1
     run = tmp_path / RUN
@@ -240,11 +239,23 @@ def test_time_limit_stops_after_a_checkpoint_and_the_rerun_continues(reference, 
     assert_same_metrics(read_jsonl(reference / "metrics.jsonl"), read_jsonl(run / "metrics.jsonl"), rel=0)
     assert_same_weights(reference / "step_000004", run / "step_000004", atol=0)
     assert read_json(run / "summary.json")["stopped"] is None
-    # TensorBoard: every numeric metric of every step, once (the resumed run purged nothing it had not redone)
+    assert_tensorboard_equals_metrics(run)
+
+
+def assert_tensorboard_equals_metrics(run):
+    """Every step's metrics exactly once in the TensorBoard events, equal to metrics.jsonl's values."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     acc = EventAccumulator(str(run / "tensorboard"))
     acc.Reload()
-    for row in read_jsonl(run / "metrics.jsonl"):
-        for k in ("actor/kl_loss", "delta_opd/weighted_reward_mean", "response_length/mean"):
-            got = [e.value for e in acc.Scalars(k) if e.step == row["step"]]
-            assert got == [pytest.approx(row[k], rel=1e-6)], (k, row["step"], got)
-    assert sorted({e.step for e in acc.Scalars("actor/kl_loss")}) == [1, 2, 3, 4]
+    rows = read_jsonl(run / "metrics.jsonl")
+    for k in ("actor/kl_loss", "delta_opd/weighted_reward_mean", "response_length/mean", "actor/grad_norm"):
+        assert [e.step for e in acc.Scalars(k)] == [r["step"] for r in rows], k
+        assert [e.value for e in acc.Scalars(k)] == pytest.approx([r[k] for r in rows], rel=1e-6), k
+
+
+def test_tensorboard_events_past_the_checkpoint_are_purged_on_resume(reference, tmp_path):
+    p = train(tmp_path, "--logger=tensorboard", check=False, env={"OPD_KILL_AT": "before-checkpoint:4"})
+    assert p.returncode == -signal.SIGKILL                  # steps 3 and 4 logged, then killed: resumed at 2
+    train(tmp_path, "--logger=tensorboard")
+    assert_tensorboard_equals_metrics(tmp_path / RUN)
+    assert_same_metrics(read_jsonl(reference / "metrics.jsonl"), read_jsonl(tmp_path / RUN / "metrics.jsonl"), rel=0)
