@@ -274,6 +274,21 @@ def test_e2e_sampling_resumes_to_the_same_rows(e2e, tmp_path):
 
 
 @pytest.mark.e2e
+def test_e2e_time_limit_stops_sampling_and_the_same_command_continues(e2e, tmp_path):
+    """--time-limit 1 (the model load alone takes longer): one batch of 4 prompts is sampled and appended, then it
+    stops, exit 0, no stage-1 outputs; the same command without the limit finishes byte-identical to one run."""
+    src, out = e2e / "raft", tmp_path / "raft"
+    p = run07(*SMALL, f"--run-dir={tmp_path}", "--stage=sample", "--time-limit=1")
+    assert "stopped for the time budget (--time-limit 1s): 4 of 24 prompts sampled" in p.stdout
+    assert not (out / "stage1.json").exists() and not (out / "kept.jsonl").exists()
+    assert len(raft.read_rows(out / "samples" / "chunk_0.jsonl")) == 4
+    run07(*SMALL, f"--run-dir={tmp_path}", "--stage=sample")
+    for c in range(4):
+        assert (out / "samples" / f"chunk_{c}.jsonl").read_bytes() == (src / "samples" / f"chunk_{c}.jsonl").read_bytes()
+    assert (out / "kept.jsonl").read_bytes() == (src / "kept.jsonl").read_bytes()
+
+
+@pytest.mark.e2e
 def test_e2e_checkpoint_reloads_side_files_identical(e2e):
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM
