@@ -5,12 +5,18 @@ the current student → score the sampled tokens (and the student's top-K candid
 teacher of classic OPD), the reference (the student's initial weights) and the student → token rewards → one
 on-policy optimizer step (PPO clipped surrogate + k3 KL to the reference) → one JSON line of metrics.
 
-Reads:  the pair's models and training prompts (lib/registry.py); `--resume` reads train/<run>/resume/.
+Reads:  the pair's models and training prompts (lib/registry.py); a rerun reads train/<run>/resume/ (or resume.old/).
 Writes: <run-dir>/train/<run>/metrics.jsonl   one JSON object per step (SPEC §7.4 names)
                              /summary.json    the collapse watch (SPEC §7.5) and the run's settings
                              /step_000020/    merged Hugging Face checkpoint (+ checkpoint.json) every --save-every
                              /resume/         sharded model + optimizer + loop state of the last checkpoint
-                             /manifest.json
+                             /manifest.json   written last: the run is finished
+                             /run.lock        held (flock) by the one trainer of this folder
+
+Rerunning the same command continues anything (lib/runs.py): a finished run says so; a killed one continues from
+its last complete checkpoint with the settings it started with (different ones are refused, flag by flag), or
+restarts cleanly if it had none; checkpoints are swapped in without a moment when none is complete, their sha256s
+verified on load. `--time-limit` stops after a checkpoint before a wall-clock budget runs out.
 
 CPU (toy, 1 process):   python 03_opd_train.py --pair toy --run-dir runs/toy --reward delta-sampled
 CPU (2 gloo processes): torchrun --nproc-per-node 2 03_opd_train.py --pair toy --run-dir runs/toy
@@ -24,6 +30,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -32,8 +39,9 @@ import numpy as np
 import torch
 
 from lib import dist as D
-from lib import benchmarks, models, opd, registry
-from lib.artifacts import atomic_write_json, atomic_write_text, read_jsonl, wall_clock, write_manifest
+from lib import benchmarks, models, opd, registry, runs, tracking
+from lib.artifacts import (atomic_write_json, atomic_write_text, read_json, read_jsonl, read_manifest, wall_clock,
+                           write_manifest)
 from lib.data import prompt_ids, require_rows, stable_seed
 from lib.scoring import TokenScorer, pack, score_ids
 
@@ -81,7 +89,12 @@ def parse_args(argv=None):
     a("--compile", action="store_true", help="torch.compile each decoder layer of the student (torchtitan-style)")
     a("--scoring", default="fused-linear", choices=["fused-linear", "logits"],
       help="project hidden states tile by tile (logits never exist) or materialise logits then the kernel")
-    a("--resume", action="store_true", help="continue train/<run-name>/ from its last checkpoint")
+    a("--resume", action="store_true", help="kept as an alias: rerunning the same command always continues the run "
+                                         "from its last complete checkpoint (or restarts it cleanly if there is none)")
+    a("--keep-last", type=int, default=None, help="keep only the N newest HF checkpoints (default: keep all)")
+    a("--time-limit", type=float, default=None, help="wall-clock budget in seconds: stop after a checkpoint when the "
+                                                    "next step and a checkpoint are predicted not to fit")
+    a("--logger", default="none", choices=tracking.LOGGERS, help="also log the metrics to TensorBoard or W&B")
     a("--seed", type=int, default=42, help="data order and rollout seeds")
     a("--nproc", type=int, default=1, help="launch this many local processes through torchrun")
     a("--peak-tflops", type=float, default=None, help="per-device bf16 peak for MFU (default: by device name)")
@@ -157,14 +170,60 @@ def make_engine(args, student_path, tokenizer, d, bf16):
     return sampling.HFEngine(sampler_lm, tokenizer, batch_size=args.micro_batch * 8)
 
 
+# --- checkpoints ---
+
+def checkpoint(args, d, student, optim, kl, watch, step, out, resolved, sspec, run_dir, settings) -> float:
+    """Merged HF folder step_<step>/ (+ keep-last pruning), then the resume state; returns its wall time. Collective.
+    A full disk is one line that says so: the last complete checkpoint stays in place, the partial one is removed."""
+    t0 = time.monotonic()
+    runs.fault("before-checkpoint", step)
+    meta = {"run": out.name, "step": step, "pair": args.pair, "reward": args.reward,
+            "student_init": sspec.model, "campaign": run_dir.name}
+    ck = out / f"step_{step:06d}"
+    try:
+        sd = D.full_state_dict(student)
+        if d.main:
+            D.save_hf(sd, resolved["student"].path, ck, D.config_dtype(resolved["student"].path), meta)
+            done = sorted(p for p in out.glob("step_*") if p.name[5:].isdigit() and int(p.name[5:]) <= step)
+            for old in done[:-args.keep_last] if args.keep_last else []:
+                shutil.rmtree(old)
+        D.save_resume(student, optim, {"step": step, "kl_coef": kl.coef, "watch": watch.__dict__,
+                                       "torch_rng": torch.get_rng_state().tolist(), "args": settings},
+                      out / runs.RESUME)
+    except BaseException as e:      # torch.distributed.checkpoint's CheckpointException is a BaseException
+        need = 3 * 4 * sum(p.numel() for p in student.parameters())      # fp32 weights + two Adam moments
+        if isinstance(e, (KeyboardInterrupt, SystemExit)) or not runs.disk_full(e, out, need):
+            raise
+        for tmp in (ck.with_name(ck.name + ".tmp"), out / runs.RESUME_TMP):
+            shutil.rmtree(tmp, ignore_errors=True)
+        sys.exit(f"[03] the disk is full: the step {step} checkpoint (~{need / 2**20:.0f} MiB) could not be written "
+                 f"under {out} ({shutil.disk_usage(out).free / 2**20:.0f} MiB free once its partial files are "
+                 f"removed); free space, then rerun the same command (it continues from the last complete checkpoint)")
+    log(d, f"[03] saved {ck}")
+    return time.monotonic() - t0
+
+
+def decide(out: Path, settings: dict):
+    """Auto-resume: ("finished" | "resume" | "fresh", resume state). Different settings are refused; a finished run
+    asked for more steps continues from its last checkpoint."""
+    mode, src = runs.decide(out)
+    saved = read_manifest(out)["args"] if mode == "finished" else read_json(src / "loop_state.json")["args"] \
+        if mode == "resume" else None
+    if saved is not None and (diff := runs.settings_diff(saved, settings)):
+        sys.exit(f"{out} was {'run' if mode == 'finished' else 'started'} with other settings; rerun with the old "
+                 f"ones, or pass --run-name for a new run. Differing:\n" + "\n".join(diff))
+    if mode == "finished" and settings["steps"] > saved["steps"]:
+        mode, src = "resume", runs.resume_dir(out)
+        if src is None:
+            sys.exit(f"{out} is finished at --steps {saved['steps']} and holds no resume state to continue from; "
+                     f"pass --run-name for a new run")
+    return mode, src
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    if args.nproc > 1 and "RANK" not in os.environ:
-        return relaunch(args, argv)
-    d = D.init()
-    torch.manual_seed(args.seed)
-    bf16 = d.device.type == "cuda"
+    started, t_start = wall_clock()
     pair = registry.PAIRS[args.pair]
     student_name = args.student or pair.student
     sspec = models.student_spec(student_name)
@@ -172,7 +231,20 @@ def main(argv=None):
     args.max_response_len = args.max_response_len or sspec.max_response_len
     run_dir = Path(args.run_dir or f"runs/{args.pair}")
     out = run_dir / "train" / (args.run_name or args.reward)
-    started, t_start = wall_clock()
+    settings = json.loads(json.dumps(vars(args), default=str))
+    # one trainer per run folder: the launcher (or rank 0 of a torchrun launch) holds the lock for the run's life
+    if os.environ.get("RANK", "0") == "0" and os.environ.get("OPD_RUN_LOCKED") != str(out.resolve()):
+        lock = runs.RunLock(out)                                    # noqa: F841  (held until the process exits)
+        os.environ["OPD_RUN_LOCKED"] = str(out.resolve())
+    mode, src = decide(out, settings)
+    if mode == "finished":
+        print(f"[03] {out} is finished (manifest.json verified): nothing to do")
+        return
+    if args.nproc > 1 and "RANK" not in os.environ:
+        return relaunch(args, argv)
+    d = D.init()
+    torch.manual_seed(args.seed)
+    bf16 = d.device.type == "cuda"
 
     # every rank resolves the same folders; rank 0 first, so a toy world is built once
     roles = {"student": sspec.model}
@@ -211,19 +283,30 @@ def main(argv=None):
     kl = opd.KLController(coef=args.kl_coef, mode=args.kl_mode)
     watch = opd.CollapseWatch()
     start = 0
-    if args.resume:
-        state = D.load_resume(student, optim, out / "resume")
+    if mode == "resume":
+        state = D.load_resume(student, optim, src)
         start, kl.coef = state["step"], state["kl_coef"]
         watch = opd.CollapseWatch(**state["watch"])
         torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
-        if d.main:   # metrics past the checkpoint belong to the killed run: drop them, they are recomputed
+        if d.main:   # metrics and checkpoints past the checkpoint belong to the killed run: dropped, recomputed
             kept = [r for r in read_jsonl(out / "metrics.jsonl") if r["step"] <= start]
             atomic_write_text(out / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in kept))
-        log(d, f"[03] resumed {out} at step {start} (kl_coef {kl.coef:.4f})")
-    elif d.main and (out / "metrics.jsonl").exists():
-        sys.exit(f"{out} already holds a run; pass --resume to continue it or --run-name for a new one")
-    if d.main:
-        out.mkdir(parents=True, exist_ok=True)
+            for ck in out.glob("step_*"):
+                if not ck.name[5:].isdigit() or int(ck.name[5:]) > start:
+                    shutil.rmtree(ck)
+            (out / "manifest.json").unlink(missing_ok=True)      # a finished run asked for more steps: unsealed
+            runs.tidy(out, src)
+        log(d, f"[03] resumed {out} at step {start} from {src.name}/ (kl_coef {kl.coef:.4f})")
+    elif d.main and (gone := runs.clear_partial(out)):
+        log(d, f"[03] {out} holds no complete checkpoint: restarting it (removed {', '.join(gone)})")
+    torch.distributed.barrier()
+    # a resumed run whose last checkpoint ended it (the last step, or a collapse with --stop-on-collapse) is sealed
+    end = start if start and (start >= steps or (args.stop_on_collapse and watch.collapsed)) else steps
+    if start and end == start:
+        log(d, f"[03] the checkpoint at step {start} ends the run: sealing it without retraining")
+    tracker = tracking.open_tracker(args.logger, out, settings, resume_step=start) if d.main else tracking.Tracker()
+    budget = runs.Budget(args.time_limit, t0=t_start)
+    step, stopped, t_mark = start, "collapse" if start and end == start < steps else None, time.monotonic()
     peak = args.peak_tflops or next((v for k, v in PEAK_TFLOPS.items() if k in torch.cuda.get_device_name(d.device)),
                                     None) if bf16 else args.peak_tflops
     log(d, f"[03] {args.reward} | pair {args.pair} | student {sspec.model} ({n_params / 1e6:.1f}M) | {W} process(es) "
@@ -231,7 +314,7 @@ def main(argv=None):
            f"{args.max_response_len}")
 
     # --- the loop ---
-    for step in range(start + 1, steps + 1):
+    for step in range(start + 1, end + 1):
         t0 = time.monotonic()
         if bf16:
             torch.cuda.reset_peak_memory_stats()
@@ -358,28 +441,40 @@ def main(argv=None):
                   f"| {dt:.1f}s (gen {m['timing_s/gen']:.1f} score {m['timing_s/score']:.1f} upd "
                   f"{m['timing_s/update']:.1f})" + "".join(f"\n  !! {e}" for e in events), flush=True)
 
-        # 6. checkpoint: merged HF folder + resume state
+        # 6. checkpoint: merged HF folder, then the resume state (swapped in whole); then the budget guard
+        runs.fault("step-logged", step)
+        tracker.log(m, step)
+        budget.step(time.monotonic() - t_mark)
         stop_now = args.stop_on_collapse and watch.collapsed
-        if step % args.save_every == 0 or step == steps or stop_now:
-            meta = {"run": out.name, "step": step, "pair": args.pair, "reward": args.reward,
-                    "student_init": sspec.model, "campaign": run_dir.name}
-            sd = D.full_state_dict(student)
-            if d.main:
-                D.save_hf(sd, resolved["student"].path, out / f"step_{step:06d}", D.config_dtype(resolved["student"].path), meta)
-            D.save_resume(student, optim, {"step": step, "kl_coef": kl.coef, "watch": watch.__dict__,
-                                           "torch_rng": torch.get_rng_state().tolist()}, out / "resume")
-            log(d, f"[03] saved {out / f'step_{step:06d}'}")
+        saved = step % args.save_every == 0 or step == end or stop_now
+        if saved:
+            budget.checkpoint(checkpoint(args, d, student, optim, kl, watch, step, out, resolved, sspec, run_dir, settings))
+        if step < end and budget.exhausted():
+            if not saved:
+                checkpoint(args, d, student, optim, kl, watch, step, out, resolved, sspec, run_dir, settings)
+            stopped = "time_limit"
+            log(d, f"[03] --time-limit {args.time_limit:g}s: step {step + 1} and a checkpoint are predicted to take "
+                   f"{budget.predicted():.1f}s, past the budget; stopping after the step {step} checkpoint")
+            break
+        t_mark = time.monotonic()
         if stop_now:
+            stopped = "collapse"
             log(d, f"[03] --stop-on-collapse: collapse onset at step {watch.collapse_onset_step}; stopping")
             break
 
-    # --- summary + manifest ---
+    # --- summary + manifest (not for a run stopped by its time budget: the same command continues it) ---
+    runs.fault("before-manifest", step)
+    tracker.close()
     if d.main:
         summary = watch.summary() | {"pair": args.pair, "reward": args.reward, "student": sspec.model,
                                      "teachers": {k: resolved[k].provenance() for k in roles},
-                                     "steps": steps, "last_step": step if steps else 0,
+                                     "steps": steps, "last_step": step, "stopped": stopped,
                                      "dropped_prompts": [i for i, _ in dropped]}
         atomic_write_json(out / "summary.json", summary)
+    if d.main and stopped == "time_limit":
+        print(f"[03] stopped for the time budget (--time-limit {args.time_limit:g}s) at step {step} of {steps}, "
+              f"checkpoint saved: rerun the same command to continue {out}")
+    elif d.main:
         outputs = ["metrics.jsonl", "summary.json"] + sorted(p.name for p in out.glob("step_*") if p.is_dir())
         wall = time.monotonic() - t_start
         write_manifest(out, stage="03_opd_train", script=__file__, args=vars(args), inputs={"train_data": data_src},

@@ -27,7 +27,7 @@ import os
 import time
 from pathlib import Path
 
-from lib import benchmarks, models, registry
+from lib import models, registry
 from lib.artifacts import ArtifactError, code_hashes, sha256_bytes, wall_clock
 from lib.data import assistant_header, prompt_ids, render_chat, dapo_prompt, stable_seed
 from lib.units import Plan, config_sha256, existing_state, grading_summary, plan_unit, sample_rows, summarize, write_unit

@@ -7,7 +7,7 @@ Stage 1 `sample`  k samples per training prompt from π_pre (seeds 0..k-1 throug
                   eval protocol's draws; T 0.7, top_p 0.95, π_pre's eval token cap), graded by lib.grading; the first
                   sample in seed order that is correct and stopped is kept. Prompts go in round-robin chunks (prompt
                   i → chunk i % 4, chunk 0 first), appended per batch with fsync: a partial run is a stratified sample
-                  and a killed run resumes. Statistics and gate G1 (≥ --g1-min kept).
+                  and a killed run (or one stopped by --time-limit) resumes. Statistics and gate G1 (≥ --g1-min).
 Stage 2 `sft`     SFT of π_pre on the kept (prompt ids under π_pre's template + the kept completion ids, stop token
                   included), loss on the completion only — every example's mask is verified by decoding. 95/5
                   train/val split, AdamW lr 1e-5 cosine to 0 after 5 % warmup, 2 epochs, global batch 64 (token-mean
@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import math
 import os
 import sys
 import time
@@ -49,14 +48,14 @@ from pathlib import Path
 import torch
 
 from lib import anatomy as lib_anatomy     # the shift anatomy of 01_gates, one driver for both stages
-from lib import benchmarks, models, raft, registry
+from lib import benchmarks, models, raft, registry, runs, sft_fsdp
 from lib.artifacts import (atomic_write_json, atomic_write_jsonl, read_json, read_jsonl, read_manifest, sha256_bytes,
                            sha256_file, verify_dir, wall_clock, write_manifest)
 from lib.data import assistant_header, evenly_spaced, prompt_ids, stable_seed
-from lib.sft import IGNORE, batch_plan, collate, completion_labels, completion_loss, lr_factor
-
-ADAM_BETAS = (0.9, 0.95)           # as lib.sft.train_sft (the toy world's SFT)
+from lib.sft import batch_plan, completion_labels
+from lib.sft_fsdp import ADAM_BETAS
 EVAL = registry.PROTOCOLS["sample4"]
+T_START = time.monotonic()         # --time-limit counts from here: the process start
 
 
 def parse_args(argv=None):
@@ -77,6 +76,9 @@ def parse_args(argv=None):
     a("--sample-batch", type=int, default=64, help="sequences per generate() call (hf backend)")
     a("--gpu-memory-utilization", type=float, default=0.85, help="vLLM's share of GPU memory")
     a("--grade-timeout", type=float, default=5.0, help="wall-clock bound per graded sample, seconds")
+    a("--time-limit", type=float, default=None, help="wall-clock budget in seconds for stage 1: stop after an appended "
+                                                    "batch when the next one is predicted not to fit (a rerun "
+                                                    "continues); the SFT and the probe, once started, run to the end")
     a("--g1-min", type=int, default=2000, help="gate G1: at least this many kept samples (SPEC §9: 2,000)")
     a("--allow-g1-fail", action="store_true", help="run the SFT even if gate G1 failed (recorded)")
     # stage 2
@@ -178,7 +180,11 @@ def stage_sample(args, out, base, pre, tok, rows):
 
     items = [{"i": i, "id": r["id"]} for i, r in enumerate(rows)]
     done = raft.rejection_sample(items, draw, out / "samples", n_chunks=args.chunks, batch_prompts=args.batch_prompts,
-                                 log=log)
+                                 log=log, budget=runs.Budget(args.time_limit, t0=T_START))
+    if len(done) < len(items):
+        log(f"[07] stopped for the time budget (--time-limit {args.time_limit:g}s): {len(done)} of {len(items)} prompts "
+            f"sampled and on disk; rerun the same command to continue")
+        return "time_limit"
     del engine
     gc.collect()
     if torch.cuda.is_available():
@@ -247,40 +253,10 @@ def stage_sft(args, out, base, pre, tok):
     tied = bool(model.config.tie_word_embeddings)
     D.shard(model, bf16=False, activation_checkpointing=args.activation_checkpointing)
     optim = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=ADAM_BETAS, weight_decay=args.weight_decay)
-    autocast = torch.autocast(d.device.type, dtype=torch.bfloat16, enabled=args.bf16)
     log(f"[07] SFT of {base} on {len(train_idx)} kept samples ({len(val_idx)} held out) | {d.world} process(es) on "
         f"{d.device.type} | {total} steps × {args.batch_size} ({args.epochs} epochs), warmup {warmup}, lr "
         f"{args.lr:g} {args.schedule} | {'bf16 autocast' if args.bf16 else 'fp32'} | mask verified on "
         f"{len(examples)} examples")
-
-    def micro_batches(idx):
-        """This rank's share of `idx` in micro-batches. Every rank runs the same number of forwards (FSDP gathers
-        are collective): a rank short of examples runs a stand-in with weight 0."""
-        mine, per_rank = idx[d.rank::d.world], math.ceil(len(idx) / d.world)
-        for c in range(0, max(per_rank, 1), args.micro_batch):
-            part = mine[c:c + args.micro_batch]
-            yield collate([examples[i] for i in (part or idx[:1])], pad_id), float(bool(part))
-
-    def n_supervised(batch) -> int:
-        return int((batch["labels"][:, 1:] != IGNORE).sum())
-
-    def forward_loss(batch):
-        batch = {k: v.to(d.device) for k, v in batch.items()}
-        with autocast:
-            logits_BTV = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        return completion_loss(logits_BTV, batch["labels"])       # token-mean NLL over this micro-batch, fp32
-
-    @torch.no_grad()
-    def val_loss() -> float:
-        model.eval()
-        nll = tokens = 0.0
-        for batch, w in micro_batches(val_idx):
-            n = n_supervised(batch) * w
-            nll += forward_loss(batch).item() * n
-            tokens += n
-        model.train()
-        nll, tokens = D.all_sum(nll, tokens, device=d.device)
-        return nll / tokens
 
     metrics_f = out / "sft_metrics.jsonl"
     if d.main:
@@ -291,55 +267,21 @@ def stage_sft(args, out, base, pre, tok):
             with open(metrics_f, "a") as f:
                 f.write(json.dumps(row) + "\n")
 
-    val_curve, train_curve, tokens_seen, max_gn = [[0, val_loss()]], [], 0, 0.0
-    record({"step": 0, "val_loss": val_curve[0][1]})
-    log(f"[07] step 0: val loss {val_curve[0][1]:.4f}")
-    model.train()
-    for step, idx in enumerate(plan, 1):
-        ts = time.monotonic()
-        lr = args.lr * lr_factor(step - 1, total, warmup, args.schedule)
-        for group in optim.param_groups:
-            group["lr"] = lr
-        mbs = list(micro_batches(idx))
-        n_tok, = D.all_sum(sum(n_supervised(b) * w for b, w in mbs), device=d.device)
-        nll = 0.0
-        for batch, w in mbs:
-            n = n_supervised(batch) * w
-            loss = forward_loss(batch)
-            # token-mean over the GLOBAL batch; FSDP averages gradients over the W ranks, × W undoes that
-            (loss * (n / n_tok * d.world)).backward()
-            nll += loss.item() * n
-        gn = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
-        gn = float(gn.full_tensor() if hasattr(gn, "full_tensor") else gn)
-        if math.isfinite(gn):
-            optim.step()
-        else:
-            log(f"[07] step {step}: non-finite grad norm ({gn}); optimizer step skipped")
-        optim.zero_grad(set_to_none=True)
-        train_loss = D.all_sum(nll, device=d.device)[0] / n_tok
-        tokens_seen, max_gn = tokens_seen + int(n_tok), max(max_gn, gn)
-        train_curve.append([step, train_loss])
-        record({"step": step, "loss": train_loss, "lr": lr, "grad_norm": gn, "tokens": int(n_tok),
-                "timing_s": time.monotonic() - ts})
-        line = f"[07] step {step}/{total} loss {train_loss:.4f} lr {lr:.2e} gn {gn:.3f} ({time.monotonic() - ts:.1f}s)"
-        if step in saves:                              # val loss + merged HF checkpoint at 25/50/75/100 %
-            v = val_loss()
-            val_curve.append([step, v])
-            record({"step": step, "val_loss": v})
-            line += f" | val loss {v:.4f} → " + ", ".join(f"ckpt_{t}" for t in saves[step])
-            sd = D.full_state_dict(model)
-            if d.main:
-                first = out / f"ckpt_{saves[step][0]}"
-                meta = {"base": base, "stage": "07_raft", "pair": args.pair, "step": step, "steps": total,
-                        "val_loss": v}
-                D.save_hf(sd, pre.path, first, D.config_dtype(pre.path), meta)
-                # save_hf names its meta checkpoint.json, which 04_eval reads as a training-run checkpoint: this
-                # model is evaluated as the registry alias `raft`, under its base's settings (models.BASE_FILE)
-                os.replace(first / "checkpoint.json", first / models.BASE_FILE)
-                for tag in saves[step][1:]:
-                    raft.link_tree(first, out / f"ckpt_{tag}")
-            del sd
-        log(line)
+    def save(step, v, tags):                           # a merged HF checkpoint, hard-linked under every tag
+        sd = D.full_state_dict(model)
+        if d.main:
+            first = out / f"ckpt_{tags[0]}"
+            meta = {"base": base, "stage": "07_raft", "pair": args.pair, "step": step, "steps": total, "val_loss": v}
+            # not checkpoint.json, which 04_eval reads as a training-run checkpoint: this model is evaluated as
+            # the registry alias `raft`, under its base's settings (models.BASE_FILE)
+            D.save_hf(sd, pre.path, first, D.config_dtype(pre.path), meta, meta_name=models.BASE_FILE)
+            for tag in tags[1:]:
+                raft.link_tree(first, out / f"ckpt_{tag}")
+
+    res = sft_fsdp.train(model, optim, examples, train_idx, val_idx, plan, d, lr=args.lr, warmup=warmup,
+                         schedule=args.schedule, grad_clip=args.grad_clip, micro_batch=args.micro_batch, bf16=args.bf16,
+                         pad_id=pad_id, saves=saves, save=save, record=record, log=log)
+    val_curve, train_curve, tokens_seen, max_gn = res["val_curve"], res["train_curve"], res["tokens_seen"], res["max_gn"]
     if d.main:
         raft.link_tree(out / "ckpt_100", out / "model")
         atomic_write_json(out / "sft.json", {
@@ -481,7 +423,8 @@ def main(argv=None):
     if args.stage in ("sample", "all"):
         started, t0 = wall_clock()
         rows, _ = benchmarks.load_benchmark(pair.train_data, require_answer=True)
-        stage_sample(args, out, base, pre, tok, evenly_spaced(rows, args.limit_prompts))
+        if stage_sample(args, out, base, pre, tok, evenly_spaced(rows, args.limit_prompts)) == "time_limit":
+            return
         write_stats(args, out, base, pre, started, time.monotonic() - t0, "sample")
     if args.stage in ("sft", "all"):
         started, t0 = wall_clock()

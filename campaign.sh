@@ -15,6 +15,15 @@ NPROC=${NPROC:-1}
 BACKEND=${BACKEND:-hf}
 export PYTHONUNBUFFERED=1
 
+# one campaign per run dir: a flock held (by this shell and every stage it starts) until the campaign ends
+mkdir -p "$RUN"
+exec 9>>"$RUN/.campaign.lock"
+if ! flock -n 9; then
+  echo "$RUN is in use by another campaign (pid $(cat "$RUN/.campaign.lock")); wait for it or stop it, then rerun" >&2
+  exit 1
+fi
+echo $$ > "$RUN/.campaign.lock"
+
 if [ "$PAIR" = toy ]; then
   # The toy models are tiny and start far from the teacher: a larger learning rate, and fewer, smaller steps (one
   # pass over the 1,440 toy training prompts). Everything else is SPEC §7's default.
@@ -51,8 +60,8 @@ for REWARD in opd delta-sampled delta-topk; do
   if [ -f "$OUT/manifest.json" ]; then
     echo "$OUT is finished: skipped"
   else
-    RESUME=""; [ -d "$OUT/resume" ] && RESUME="--resume"
-    python 03_opd_train.py --nproc "$NPROC" --pair "$PAIR" --run-dir "$RUN" --reward "$REWARD" $TRAIN_FLAGS $RESUME
+    # the same command starts, continues (from the last complete checkpoint) or seals a killed run
+    python 03_opd_train.py --nproc "$NPROC" --pair "$PAIR" --run-dir "$RUN" --reward "$REWARD" $TRAIN_FLAGS
   fi
   echo "== 4. evaluating the $REWARD checkpoints =="
   for CKPT in "$OUT"/step_*/; do

@@ -6,7 +6,8 @@
 - `full_state_dict(model)`: the unsharded weights (every rank takes part; rank 0 receives them on CPU).
 - `save_hf(...)`: a merged Hugging Face folder, loadable by `AutoModelForCausalLM.from_pretrained`, whose config,
   generation config and tokenizer files are copied byte-identical from the initial model.
-- `save_resume` / `load_resume`: sharded model + optimizer through torch.distributed.checkpoint, plus the loop state.
+- `save_resume` / `load_resume`: sharded model + optimizer through torch.distributed.checkpoint, plus the loop state,
+  swapped in without a moment when no complete state exists; sha256s recorded when written, verified on load.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from lib import runs
 from lib.artifacts import atomic_write_json, read_json
 
 HF_SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
@@ -102,8 +104,10 @@ def config_dtype(model_dir: Path) -> torch.dtype:
     return getattr(torch, str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"))
 
 
-def save_hf(state: dict, init_dir: Path, out: Path, dtype: torch.dtype, meta: dict) -> None:
-    """Write a merged HF folder: weights in `dtype`, side files copied byte-identical from the initial model."""
+def save_hf(state: dict, init_dir: Path, out: Path, dtype: torch.dtype, meta: dict,
+            meta_name: str = "checkpoint.json") -> None:
+    """Write a merged HF folder: weights in `dtype`, side files copied byte-identical from the initial model, `meta`
+    as `meta_name`, and last the sha256 of every file (integrity.json); written as `<out>.tmp`, then renamed."""
     from huggingface_hub import save_torch_state_dict
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -116,31 +120,43 @@ def save_hf(state: dict, init_dir: Path, out: Path, dtype: torch.dtype, meta: di
     for name in HF_SIDE_FILES:
         if (init_dir / name).exists():
             shutil.copyfile(init_dir / name, tmp / name)
-    atomic_write_json(tmp / "checkpoint.json", meta)
+    atomic_write_json(tmp / meta_name, meta)
+    runs.write_integrity(tmp)
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
 
 
 def save_resume(model: nn.Module, optim: torch.optim.Optimizer, state: dict, out: Path) -> None:
-    """Sharded model + optimizer (torch.distributed.checkpoint) and the loop state, written then renamed. Collective."""
+    """Sharded model + optimizer (torch.distributed.checkpoint) and the loop state into `resume.tmp/`, their sha256s
+    last (`integrity.json`: the mark of a complete state), then swapped in so that a complete state exists at every
+    instant: resume → resume.old, resume.tmp → resume, delete resume.old. Collective."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
     msd, osd = get_state_dict(model, optim)
-    tmp = out.with_name(out.name + ".tmp")
+    tmp, old, step = out.with_name(runs.RESUME_TMP), out.with_name(runs.RESUME_OLD), state.get("step")
     if dist.get_rank() == 0:
         shutil.rmtree(tmp, ignore_errors=True)
     dist.barrier()
     dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp))
+    runs.fault("resume-written", step)
     if dist.get_rank() == 0:
         atomic_write_json(tmp / "loop_state.json", state)
-        shutil.rmtree(out, ignore_errors=True)
+        runs.write_integrity(tmp)
+        if out.exists():                        # (absent after a kill between the renames: resume.old is the state)
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(out, old)
+        runs.fault("renamed-old", step)
         os.replace(tmp, out)
+        runs.fault("renamed-new", step)
+        shutil.rmtree(old, ignore_errors=True)
     dist.barrier()
 
 
 def load_resume(model: nn.Module, optim: torch.optim.Optimizer, src: Path) -> dict:
+    """Verify the state's sha256s, then load model + optimizer in place; returns the loop state. Collective."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    runs.verify_files(src, "the resume state", f"delete {src.parent} to restart the run from scratch")
     msd, osd = get_state_dict(model, optim)
     sd = {"model": msd, "optim": osd}
     dcp.load(sd, checkpoint_id=str(src))

@@ -22,6 +22,7 @@ import json
 import os
 import random
 import shutil
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -87,14 +88,20 @@ def append_rows(path: Path, rows: list[dict]) -> None:
 
 
 def rejection_sample(items: list[dict], draw, samples_dir: Path, *, n_chunks: int = 4, batch_prompts: int = 64,
-                     log=print) -> list[dict]:
+                     log=print, budget=None) -> list[dict]:
     """Run `draw` over every item in round-robin chunk order and return all rows sorted by item index "i".
 
     items: [{"i": int, "id": str, ...}], "i" = position in the prompt list. draw(batch) → one row per item (same
-    order), each with "i" and "id". Rows already in `samples_dir/chunk_<c>.jsonl` are not drawn again."""
+    order), each with "i" and "id". Rows already in `samples_dir/chunk_<c>.jsonl` are not drawn again.
+    budget (lib.runs.Budget, `--time-limit`): before each batch, stop if the next one is predicted not to end in
+    time; the rows returned are then fewer than the items, every one of them on disk (a rerun continues)."""
     log = log or (lambda *_: None)
-    rows = []
+    rows, out_of_time = [], False
+    now = budget.clock if budget is not None else time.monotonic
     for c in range(n_chunks):
+        if out_of_time:
+            rows += read_rows(Path(samples_dir) / f"chunk_{c}.jsonl")
+            continue
         path = Path(samples_dir) / f"chunk_{c}.jsonl"
         have = read_rows(path)
         wrong = [r["i"] for r in have if chunk_of(r["i"], n_chunks) != c]
@@ -110,12 +117,19 @@ def rejection_sample(items: list[dict], draw, samples_dir: Path, *, n_chunks: in
         if have:
             log(f"[raft] chunk {c}: {len(have)} prompts already sampled, {len(todo)} to go")
         for b in range(0, len(todo), batch_prompts):
-            batch = todo[b:b + batch_prompts]
+            if budget is not None and budget.steps and budget.exhausted():
+                out_of_time = True
+                break
+            batch, t0 = todo[b:b + batch_prompts], now()
             new = draw(batch)
             if [r["id"] for r in new] != [it["id"] for it in batch]:
                 raise RuntimeError("draw() must return one row per item, in order")
+            t1 = now()
             append_rows(path, new)
             have += new
+            if budget is not None:
+                budget.step(t1 - t0)
+                budget.checkpoint(now() - t1)
         rows += have
     return sorted(rows, key=lambda r: r["i"])
 

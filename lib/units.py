@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lib import benchmarks, models, registry
+from lib import benchmarks, models, registry, runs
 from lib.artifacts import (ArtifactError, atomic_write_json, atomic_write_jsonl, dumps_json, read_json, sha256_bytes,
                            sha256_file, verify_dir, write_manifest)
 from lib.campaign import EXTRACTORS, check_unit
@@ -50,6 +50,9 @@ def verify_model_folder(path: Path) -> str | None:
         prefix = path.name + "/"
         listed = {k[len(prefix):]: v for k, v in m.get("outputs", {}).items() if k.startswith(prefix)}
     if not listed:
+        if (path / runs.INTEGRITY).exists():       # a checkpoint of a run still in progress: its own sha256 record
+            runs.verify_files(path, f"checkpoint {path}", "re-run the training stage that wrote it")
+            return str(path / runs.INTEGRITY)
         if (path / "checkpoint.json").exists():
             raise ArtifactError(f"checkpoint {path} is not sealed: {seal} is missing or does not list it (the training "
                                 f"run did not finish). Finish the run (03_opd_train.py --resume), then evaluate it.")

@@ -136,6 +136,27 @@ def test_round_robin_chunks_resume_without_duplicates(tmp_path):
     assert again == full and len(calls) == 40                      # a finished run draws nothing
 
 
+def test_time_limit_stops_between_batches_and_the_rerun_continues(tmp_path):
+    from lib.runs import Budget
+    items = [{"i": i, "id": f"p{i:02d}", "level": 1} for i in range(20)]
+    full = raft.rejection_sample(items, fake_draw([]), tmp_path / "full", batch_prompts=3, log=None)
+    clock, calls = [0.0], []
+
+    def slow_draw(batch):                                         # every batch takes 10 (fake) seconds
+        clock[0] += 10.0
+        return fake_draw(calls)(batch)
+
+    budget = Budget(45.0, t0=0.0, clock=lambda: clock[0])
+    rows = raft.rejection_sample(items, slow_draw, tmp_path / "run", batch_prompts=3, log=None, budget=budget)
+    # the append takes no fake time, so one more batch stands in for it: a batch is predicted at 10 + 10 s; after 2
+    # batches 20 + 20 ≤ 45 goes on, after 3 (t = 30) 30 + 20 > 45 stops, 3 batches on disk: chunk 0 = prompts 0, 4,
+    # …, 16 (batches of 3 + 2), then the first batch of chunk 1
+    assert calls == ["p00", "p04", "p08", "p12", "p16", "p01", "p05", "p09"]
+    assert [r["id"] for r in rows] == sorted(calls)
+    rows = raft.rejection_sample(items, fake_draw(calls), tmp_path / "run", batch_prompts=3, log=None)
+    assert rows == full and len(calls) == len(set(calls)) == 20      # continued: nothing drawn twice
+
+
 def test_corrupt_middle_line_is_refused(tmp_path):
     p = tmp_path / "chunk_0.jsonl"
     p.write_text('{"i": 0, "id": "a"}\nnot json\n{"i": 4, "id": "b"}\n')
@@ -250,6 +271,21 @@ def test_e2e_sampling_resumes_to_the_same_rows(e2e, tmp_path):
     assert (out / "kept.jsonl").read_bytes() == (src / "kept.jsonl").read_bytes()
     with pytest.raises(AssertionError, match="other settings"):       # a changed config is refused, not mixed in
         run07(*[a for a in SMALL if not a.startswith("--k=")], "--k=3", f"--run-dir={tmp_path}", "--stage=sample")
+
+
+@pytest.mark.e2e
+def test_e2e_time_limit_stops_sampling_and_the_same_command_continues(e2e, tmp_path):
+    """--time-limit 1 (the model load alone takes longer): one batch of 4 prompts is sampled and appended, then it
+    stops, exit 0, no stage-1 outputs; the same command without the limit finishes byte-identical to one run."""
+    src, out = e2e / "raft", tmp_path / "raft"
+    p = run07(*SMALL, f"--run-dir={tmp_path}", "--stage=sample", "--time-limit=1")
+    assert "stopped for the time budget (--time-limit 1s): 4 of 24 prompts sampled" in p.stdout
+    assert not (out / "stage1.json").exists() and not (out / "kept.jsonl").exists()
+    assert len(raft.read_rows(out / "samples" / "chunk_0.jsonl")) == 4
+    run07(*SMALL, f"--run-dir={tmp_path}", "--stage=sample")
+    for c in range(4):
+        assert (out / "samples" / f"chunk_{c}.jsonl").read_bytes() == (src / "samples" / f"chunk_{c}.jsonl").read_bytes()
+    assert (out / "kept.jsonl").read_bytes() == (src / "kept.jsonl").read_bytes()
 
 
 @pytest.mark.e2e

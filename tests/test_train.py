@@ -60,7 +60,8 @@ def test_resume_after_kill_equals_uninterrupted(world, tmp_path):
     cut = tmp_path / "cut"
     train(*common, "--steps=2", f"--run-dir={cut}")
     run = cut / "train/delta-sampled"
-    with open(run / "metrics.jsonl", "a") as f:     # the killed run had logged step 3 before dying
+    (run / "manifest.json").unlink()                # killed before sealing, after logging step 3:
+    with open(run / "metrics.jsonl", "a") as f:
         f.write(json.dumps(metrics(run)[-1] | {"step": 3, "actor/kl_coef": -1.0}) + "\n")
     p = train(*common, "--steps=4", f"--run-dir={cut}", "--resume")
     assert "resumed" in p.stdout
