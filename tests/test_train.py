@@ -116,3 +116,27 @@ def test_overlong_prompt_is_named(world, tmp_path):
     train(*args, f"--run-dir={tmp_path / 'dropped'}", "--drop-overlong")            # explicit: dropped and recorded
     summary = read_json(tmp_path / "dropped/train/opd/summary.json")
     assert summary["dropped_prompts"] == ["long-b"]
+
+
+@pytest.mark.parametrize("reward", ["delta-sampled", "delta-topk"])
+def test_on_policy_invariants_and_the_methods_kl_order(world, tmp_path, reward):
+    """One update per step is on-policy: ρ = 1, nothing clipped, PPO's loss is −(the token's reward). The adaptive KL
+    coefficient logged at step t has already moved on step t's delta_opd/weighted_reward_mean (the method's order:
+    from 1.0 the first step logs 0.99 or 1.01, never 1.0)."""
+    train(*SMALL, f"--reward={reward}", "--steps=3", "--save-every=3", "--kl-coef=1.0", f"--run-dir={tmp_path}")
+    rows = metrics(tmp_path / f"train/{reward}")
+    coef = 1.0
+    for r in rows:
+        assert r["actor/ppo_kl"] == 0 and r["actor/pg_clipfrac"] == 0
+        assert r["actor/pg_loss"] == pytest.approx(-r["delta_opd/weighted_reward_token_mean"], rel=1e-6, abs=1e-9)
+        if reward == "delta-sampled":     # one candidate: the reward IS the log-ratio, pair mean = token mean
+            assert r["delta_opd/weighted_reward_mean"] == pytest.approx(r["delta_opd/log_ratio_mean"], rel=1e-6)
+            assert r["actor/pg_loss"] == pytest.approx(-r["delta_opd/weighted_reward_mean"], rel=1e-6)
+            assert r["delta_opd/log_ratio_mean"] == pytest.approx(r["delta_opd/log_ratio_mean_sampled"], rel=1e-6)
+        else:                             # the method's mean is over (token, candidate) pairs: 1/K of the token's sum
+            assert r["delta_opd/weighted_reward_mean"] * 4 == pytest.approx(r["delta_opd/weighted_reward_token_mean"])
+        wrm = r["delta_opd/weighted_reward_mean"]
+        coef = min(2.5, max(0.5, coef * (0.99 if wrm < 0 else 1.01 if wrm > 0 else 1.0)))
+        assert r["actor/kl_coef"] == pytest.approx(coef, rel=1e-12), r["step"]
+        assert r["teacher/entropy_minus_ref"] is not None
+    assert rows[0]["actor/kl_coef"] != 1.0
