@@ -53,9 +53,8 @@ from lib import raft, registry
 from lib.artifacts import (atomic_write_json, atomic_write_jsonl, read_json, read_jsonl, read_manifest, sha256_bytes,
                            sha256_file, verify_dir, wall_clock, write_manifest)
 from lib.data import assistant_header, evenly_spaced, prompt_ids, stable_seed
-from lib.sft import IGNORE, batch_plan, collate, completion_labels, completion_loss, lr_factor
+from lib.sft import ADAM_BETAS, IGNORE, batch_plan, collate, completion_labels, completion_loss, lr_factor
 
-ADAM_BETAS = (0.9, 0.95)           # as lib.sft.train_sft (the toy world's SFT)
 EVAL = registry.PROTOCOLS["sample4"]
 
 

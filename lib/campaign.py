@@ -15,13 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lib.artifacts import ArtifactError, read_json, read_jsonl, verify_dir
+from lib.collapse import CLIP_ONSET, CLIP_SINK      # the collapse watch's thresholds, declared once
 
 EXTRACTORS = ("answer_line", "boxed", "none")
 # SPEC §7.4 per-step metrics the report draws; the first six are the training-curve panels
 CURVE_KEYS = ("response_length/mean", "response_length/clip_ratio", "delta_opd/weighted_reward_mean",
               "actor/kl_coef", "actor/entropy", "actor/grad_norm", "delta_opd/log_ratio_mean",
               "response_length/max", "timing_s/step", "rollout/logprob_gap")
-CLIP_ONSET, CLIP_SINK = 0.5, 0.9      # collapse onset: clip_ratio > 0.5; sink: clip_ratio > 0.9
 
 
 class UnitError(ArtifactError):

@@ -16,15 +16,16 @@ token-mean over the global batch, plus kl_coef · k3(π_θ ‖ π_ref) on realiz
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
+
+from lib.collapse import CollapseWatch  # noqa: F401  the loop's collapse watch (torch-free, shared with lib/campaign.py)
 
 REWARDS = ("delta-sampled", "delta-topk", "opd")
 OPD_CLAMP = 10.0
 CLIP_RATIO_C = 3.0           # verl's dual-clip bound: a negative advantage's loss never exceeds −A · c
 LOG_RATIO_CLAMP = 20.0       # verl clamps log ρ to ±20 before exp
-CLIP_ONSET, CLIP_SINK = 0.5, 0.9   # the collapse watch (DESIGN.md §7.5): onset at clip_ratio > 0.5, the sink above 0.9
 
 
 # --- rewards ---
@@ -148,40 +149,3 @@ class KLController:
                 self.coef *= 1 + self.rate
             self.coef = min(self.hi, max(self.lo, self.coef))
         return self.coef
-
-
-# --- the collapse watch (SPEC §7.5) ---
-
-@dataclass
-class CollapseWatch:
-    onset_clip: float = CLIP_ONSET
-    run_clip: float = CLIP_SINK
-    collapse_onset_step: int | None = None
-    length_runaway_step: int | None = None
-    first_mean_length: float | None = None
-    longest_clip90_run: int = 0
-    current_run: int = 0
-    history: list = field(default_factory=list)
-
-    def update(self, step: int, clip_ratio: float, mean_length: float) -> list[str]:
-        """Feed one step; returns the events that fired on it (printed live by the training loop)."""
-        events = []
-        if self.first_mean_length is None:
-            self.first_mean_length = mean_length
-        if self.collapse_onset_step is None and clip_ratio > self.onset_clip:
-            self.collapse_onset_step = step
-            events.append(f"collapse onset: clip_ratio {clip_ratio:.2f} > {self.onset_clip}")
-        if self.length_runaway_step is None and mean_length > 2 * self.first_mean_length:
-            self.length_runaway_step = step
-            events.append(f"length runaway: mean length {mean_length:.0f} > 2 × step-1's {self.first_mean_length:.0f}")
-        self.current_run = self.current_run + 1 if clip_ratio > self.run_clip else 0
-        self.longest_clip90_run = max(self.longest_clip90_run, self.current_run)
-        return events
-
-    @property
-    def collapsed(self) -> bool:
-        return self.collapse_onset_step is not None
-
-    def summary(self) -> dict:
-        return {"collapse_onset_step": self.collapse_onset_step, "length_runaway_step": self.length_runaway_step,
-                "longest_clip90_run": self.longest_clip90_run}
