@@ -298,7 +298,7 @@ def main(argv=None):
             batch = pack(req_prompts[c:c + args.micro_batch], [o.token_ids for o in chunk], pad_id).to(d.device)
             mbs.append(score_micro_batch(student, teachers, ref, batch, K, chunk))
 
-        # 3. rewards (DESIGN.md §7.2): an (N, K) advantage per micro-batch, then the reward means the KL controller reads
+        # 3. rewards (DESIGN.md §7.2): an (N, K) advantage per micro-batch, then the means the KL controller reads
         for mb in mbs:
             mb["adv"], mb["delta"] = opd.advantages(args.reward, mb["lp_t"], mb["old_N"], mb["old_topk"])
         n_tok, n_pairs, adv_sum = D.all_sum(sum(len(mb["old_N"]) for mb in mbs), sum(mb["adv"].numel() for mb in mbs),
@@ -343,8 +343,8 @@ def main(argv=None):
         dl = torch.cat([mb["delta_N"] for mb in mbs])                 # the sampled token's log-ratio (ours)
         lens = [len(o.token_ids) for o in outs]
         delta = args.reward != "opd"                                  # two teachers: π_post and π_pre
-        local = {"pairs": pairs.numel(), "pair": pairs.sum(), "pair_sq": (pairs ** 2).sum(), "pair_pos": (pairs > 0).sum(),
-                 "pair_abs": pairs.abs().sum(), "dl": dl.sum(), "dl_sq": (dl ** 2).sum(), "dl_pos": (dl > 0).sum(),
+        local = {"pairs": pairs.numel(), "pair": pairs.sum(), "pair_sq": (pairs ** 2).sum(),
+                 "pair_pos": (pairs > 0).sum(), "pair_abs": pairs.abs().sum(), "dl": dl.sum(), "dl_sq": (dl ** 2).sum(), "dl_pos": (dl > 0).sum(),
                  "dl_abs": dl.abs().sum(), "resp_tokens": sum(lens), "seqs": len(lens),
                  "truncated": sum(o.finish_reason == "length" for o in outs),
                  "entropy": sum(mb["ent_N"].sum() for mb in mbs),

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lib.collapse import CollapseWatch  # noqa: F401  the loop's collapse watch (torch-free, shared with lib/campaign.py)
+from lib.collapse import CollapseWatch  # noqa: F401  the loop's collapse watch (torch-free: lib/campaign.py reads it)
 
 REWARDS = ("delta-sampled", "delta-topk", "opd")
 OPD_CLAMP = 10.0
@@ -125,7 +125,7 @@ def update_loss(lp_NK, old_NK, adv_NK, lp_N, ref_N, kl_coef: float, n_tokens: fl
 
 
 def low_var_kl(lp_N: torch.Tensor, ref_lp_N: torch.Tensor) -> torch.Tensor:
-    """k3 estimator of KL(π_θ ‖ π_ref) on sampled tokens, clamped as verl's `low_var_kl` (log-ratio to ±20, k3 to ±10)."""
+    """k3 estimate of KL(π_θ ‖ π_ref) on sampled tokens, clamped as verl's `low_var_kl` (log-ratio ±20, k3 ±10)."""
     kl = torch.clamp(ref_lp_N - lp_N, -20.0, 20.0)
     return torch.clamp(torch.exp(kl) - kl - 1, -10.0, 10.0)
 

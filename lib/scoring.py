@@ -79,7 +79,8 @@ class GatherLogits(torch.autograd.Function):
             g = g_NJ[r].float()
             grad_h[r] = torch.einsum("nj,njh->nh", g, weight_VH[ids_NJ[r]].float())
             if grad_w is not None:
-                grad_w.index_add_(0, ids_NJ[r].reshape(-1), (g[:, :, None] * hidden_NH[r].float()[:, None]).reshape(-1, H))
+                outer = (g[:, :, None] * hidden_NH[r].float()[:, None]).reshape(-1, H)     # (n·J, H)
+                grad_w.index_add_(0, ids_NJ[r].reshape(-1), outer)
         return grad_h.to(hidden_NH.dtype), None if grad_w is None else grad_w.to(weight_VH.dtype), None
 
 

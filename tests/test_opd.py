@@ -121,7 +121,7 @@ def test_advantages_as_the_loop_builds_them():
     pre = t(-2.5, -1.2, -1.0)[None]
     old_N, old_topk = t(-0.5), t(math.log(0.6), math.log(0.2))[None]
     adv, dlt = opd.advantages("delta-sampled", {"pi_post": post, "pi_pre": pre}, old_N, old_topk[:, :0])
-    assert adv.tolist() == [[1.5]] and dlt.tolist() == [[1.5]]                     # log π_post − log π_pre, not reversed
+    assert adv.tolist() == [[1.5]] and dlt.tolist() == [[1.5]]                 # log π_post − log π_pre, not reversed
     adv, dlt = opd.advantages("delta-topk", {"pi_post": post, "pi_pre": pre}, old_N, old_topk)
     assert dlt[0].tolist() == pytest.approx([1.0, -2.0])
     assert adv[0].tolist() == pytest.approx([0.75 * 1.0, 0.25 * -2.0])           # w = (0.6, 0.2) renormalised
