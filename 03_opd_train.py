@@ -79,6 +79,8 @@ def parse_args(argv=None):
     a("--drop-overlong", action="store_true", help="drop prompts over the cap (listed by id) instead of refusing")
     a("--save-every", type=int, default=20, help="checkpoint every N steps (and at the last step)")
     a("--micro-batch", type=int, default=8, help="sequences per forward/backward on each rank")
+    a("--max-tokens-per-micro", type=int, default=None,
+      help="pack micro-batches by padded tokens instead (sequences sorted by length; overrides --micro-batch)")
     a("--backend", default="hf", choices=["hf", "vllm"], help="rollout engine: in-process torch/hf, or colocated vLLM")
     a("--vllm-gpu-memory", type=float, default=0.3, help="vLLM's share of GPU memory when colocated")
     a("--activation-checkpointing", action="store_true", help="recompute decoder layers in backward")
@@ -162,6 +164,31 @@ def make_engine(args, student_path, tokenizer, d, bf16):
 
 
 # --- one micro-batch of the loop (steps 2 and 4), functions so that tests run exactly this code ---
+
+def micro_batch_plan(lengths, max_seqs, max_tokens=None, n_micro=None):
+    """Which sequences go together: a list of index lists. Without a token budget, groups of max_seqs in sampling
+    order. With one, longest first, each group as many sequences as fit rows × longest ≤ max_tokens (a sequence over
+    the budget goes alone), so little is spent on padding. n_micro: split the most-padded groups until there are that
+    many (every rank must run the same number of forwards: FSDP gathers parameters collectively). The loss is a
+    token-mean over the GLOBAL batch, so how sequences are grouped never changes it."""
+    n = len(lengths)
+    if max_tokens is None:
+        plan = [list(range(c, min(c + max_seqs, n))) for c in range(0, n, max_seqs)]
+    else:
+        plan = []
+        for i in sorted(range(n), key=lambda i: (-lengths[i], i)):
+            if plan and (len(plan[-1]) + 1) * lengths[plan[-1][0]] <= max_tokens:   # plan[-1][0]: its longest
+                plan[-1].append(i)
+            else:
+                plan.append([i])
+    while n_micro is not None and len(plan) < n_micro:
+        j = max(range(len(plan)), key=lambda j: (len(plan[j]) > 1, len(plan[j]) * max(lengths[i] for i in plan[j])))
+        if len(plan[j]) < 2:
+            raise ValueError(f"cannot make {n_micro} micro-batches of {n} sequences")
+        half = len(plan[j]) // 2
+        plan[j:j + 1] = [plan[j][:half], plan[j][half:]]
+    return plan
+
 
 def score_micro_batch(student, teachers, ref, batch, K, completions):
     """Step 2, no grad: the student's own log-probs ("old": before this step's update), its top-K candidates when
@@ -292,10 +319,14 @@ def main(argv=None):
         #    the PPO ratio's denominator (and the delta-topk weights). Teachers score [sampled | top-K] ids in one
         #    pass: the forward over the sequence is the cost, a few more ids per position are nearly free.
         K = args.topk if args.reward == "delta-topk" else 0
+        seq_lens = [len(p) + len(o.token_ids) for p, o in zip(req_prompts, outs)]
+        plan = micro_batch_plan(seq_lens, args.micro_batch, args.max_tokens_per_micro)
+        plan = micro_batch_plan(seq_lens, args.micro_batch, args.max_tokens_per_micro,
+                                n_micro=int(D.all_max(len(plan), device=d.device)[0]))
         mbs = []
-        for c in range(0, len(outs), args.micro_batch):
-            chunk = outs[c:c + args.micro_batch]
-            batch = pack(req_prompts[c:c + args.micro_batch], [o.token_ids for o in chunk], pad_id).to(d.device)
+        for idx in plan:
+            chunk = [outs[i] for i in idx]
+            batch = pack([req_prompts[i] for i in idx], [o.token_ids for o in chunk], pad_id).to(d.device)
             mbs.append(score_micro_batch(student, teachers, ref, batch, K, chunk))
 
         # 3. rewards (DESIGN.md §7.2): an (N, K) advantage per micro-batch, then the means the KL controller reads
@@ -386,6 +417,8 @@ def main(argv=None):
              "rollout/logprob_gap": s["logprob_gap"] / n_tok,
              "timing_s/gen": t_gen - t0, "timing_s/score": t_score - t_gen, "timing_s/update": t_update - t_score,
              "timing_s/step": dt, "perf/tokens_per_s": all_tokens / dt,
+             "perf/micro_batch_sizes": [len(i) for i in plan],            # rank 0's
+             "perf/padding_frac": 1 - sum(seq_lens) / sum(len(i) * max(seq_lens[j] for j in i) for i in plan),
              "perf/mfu": (6 * n_params * all_tokens / (t_update - t_score) / (peak * 1e12 * W)) if peak else None,
              "memory/max_allocated_gb": torch.cuda.max_memory_allocated(d.device) / 2**30 if bf16 else None}
         events = watch.update(step, m["response_length/clip_ratio"], m["response_length/mean"])

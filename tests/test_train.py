@@ -27,13 +27,16 @@ def metrics(run):
     return read_jsonl(run / "metrics.jsonl")
 
 
-def assert_same_metrics(a, b, rel=1e-5):
+def assert_same_metrics(a, b, rel=1e-5, count_abs=1e-7):
+    """count_abs: the tolerance of fractions that count a sign (…pos_frac): regrouped micro-batches pad differently,
+    which moves a logit's last bits, and a log-ratio within ~1e-6 of 0 may flip (1 pair of 1,472 on the toy)."""
     assert [r["step"] for r in a] == [r["step"] for r in b]
     for x, y in zip(a, b):
         for k, v in x.items():
             if k.startswith(NUMERIC_SKIP) or v is None or isinstance(v, bool):
                 continue
-            assert y[k] == pytest.approx(v, rel=rel, abs=1e-7), f"step {x['step']} {k}: {v} vs {y[k]}"
+            tol = count_abs if k.endswith(("pos_frac", "pos_frac_sampled")) else 1e-7
+            assert y[k] == pytest.approx(v, rel=rel, abs=tol), f"step {x['step']} {k}: {v} vs {y[k]}"
 
 
 def assert_same_weights(a_dir, b_dir, atol):
@@ -44,12 +47,16 @@ def assert_same_weights(a_dir, b_dir, atol):
 
 
 def test_two_gloo_processes_match_one(world, tmp_path):
+    """…and the two processes pack micro-batches by a token budget (uneven sizes, ranks equalised in count) while
+    the one process groups 4 sequences: the global token-mean makes the grouping irrelevant."""
     common = [*SMALL, "--reward=delta-topk", "--steps=3", "--save-every=3"]
     train(*common, f"--run-dir={tmp_path / 'one'}")
-    train(*common, f"--run-dir={tmp_path / 'two'}", "--nproc=2")          # launches itself through torchrun
+    train(*common, f"--run-dir={tmp_path / 'two'}", "--nproc=2", "--max-tokens-per-micro=200")   # through torchrun
     one, two = tmp_path / "one/train/delta-topk", tmp_path / "two/train/delta-topk"
     assert read_json(two / "manifest.json")["world_size"] == 2
-    assert_same_metrics(metrics(one), metrics(two))
+    sizes = [r["perf/micro_batch_sizes"] for r in metrics(two)]
+    assert any(len(set(s)) > 1 for s in sizes) and sizes != [r["perf/micro_batch_sizes"] for r in metrics(one)]
+    assert_same_metrics(metrics(one), metrics(two), count_abs=2e-3)
     assert metrics(one)[-1]["actor/grad_norm"] > 0                      # the weights really moved
     assert_same_weights(one / "step_000003", two / "step_000003", atol=1e-6)
 

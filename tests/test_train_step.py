@@ -168,3 +168,18 @@ def test_one_opd_step_raises_the_teachers_argmax(world):
     optim.step()
     after = on_argmax()
     assert after > before + 1e-4, (before, after)
+
+
+def test_micro_batch_plan_by_token_budget():
+    plan = load_03().micro_batch_plan
+    lengths = [30, 100, 55, 60, 20, 250, 45]
+    assert plan(lengths, 3) == [[0, 1, 2], [3, 4, 5], [6]]                       # no budget: sampling order
+    got = plan(lengths, 3, max_tokens=150)
+    # longest first; rows × longest ≤ 150; 250 alone (over budget); every sequence exactly once
+    assert got == [[5], [1], [3, 2], [6, 0, 4]]
+    assert sorted(i for g in got for i in g) == list(range(len(lengths)))
+    assert all(len(g) * max(lengths[i] for i in g) <= 150 for g in got if len(g) > 1)
+    even = plan(lengths, 3, max_tokens=150, n_micro=6)                            # another rank planned 6
+    assert even == [[5], [1], [3], [2], [6], [0, 4]]                              # the most-padded split first
+    with pytest.raises(ValueError, match="micro-batches"):
+        plan(lengths, 3, max_tokens=150, n_micro=8)
