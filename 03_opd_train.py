@@ -10,6 +10,9 @@ Shapes (the suffix of a tensor's name): B = sequences (a step takes --batch-prom
 (flattened, padding removed), K = candidates scored per token (the student's top-K for delta-topk, else the one
 sampled token, K = 1), J = 1 + K ids a teacher scores per token ([sampled | top-K]). Every advantage is (N, K).
 
+At --temperature T ≠ 1 the student and the reference are scored at logits / T, as verl's actor and reference are
+(the teachers at 1); rollout/logprob_gap then compares those with the sampler's raw (T = 1) log-probs.
+
 Reads:  the pair's models and training prompts (lib/registry.py); `--resume` reads train/<run>/resume/.
 Writes: <run-dir>/train/<run>/metrics.jsonl   one JSON object per step (SPEC §7.4 names)
                              /summary.json    the collapse watch (SPEC §7.5) and the run's settings

@@ -73,15 +73,21 @@ class GatherLogits(torch.autograd.Function):
         hidden_NH, weight_VH, ids_NJ = ctx.saved_tensors
         H = hidden_NH.shape[1]
         grad_h = torch.empty(hidden_NH.shape, dtype=torch.float32, device=hidden_NH.device)
-        grad_w = torch.zeros(weight_VH.shape, dtype=torch.float32, device=weight_VH.device) \
+        # the weight gradient touches only the ids scored: accumulate those rows in fp32 (U × H, not V × H)
+        uniq_U, where_NJ = torch.unique(ids_NJ, return_inverse=True)
+        acc_UH = torch.zeros(len(uniq_U), H, dtype=torch.float32, device=hidden_NH.device) \
             if ctx.needs_input_grad[1] else None
         for r in _gather_chunks(*ids_NJ.shape, H):
             g = g_NJ[r].float()
             grad_h[r] = torch.einsum("nj,njh->nh", g, weight_VH[ids_NJ[r]].float())
-            if grad_w is not None:
+            if acc_UH is not None:
                 outer = (g[:, :, None] * hidden_NH[r].float()[:, None]).reshape(-1, H)     # (n·J, H)
-                grad_w.index_add_(0, ids_NJ[r].reshape(-1), outer)
-        return grad_h.to(hidden_NH.dtype), None if grad_w is None else grad_w.to(weight_VH.dtype), None
+                acc_UH.index_add_(0, where_NJ[r].reshape(-1), outer)
+        grad_w = None
+        if acc_UH is not None:
+            grad_w = torch.zeros_like(weight_VH)
+            grad_w[uniq_U] = acc_UH.to(weight_VH.dtype)
+        return grad_h.to(hidden_NH.dtype), grad_w, None
 
 
 def _gather_chunks(N, J, H):
