@@ -339,7 +339,8 @@ def main(argv=None):
                                             sum(mb["adv"].sum().item() for mb in mbs), device=d.device)
         reward_pair_mean = adv_sum / n_pairs      # the method's delta_opd/weighted_reward_mean: over (token, candidate)
         reward_token_mean = adv_sum / n_tok       # delta_opd/weighted_reward_token_mean: a token's Σ_k A, token-mean
-        # the method's order: the adaptive coefficient moves on THIS step's weighted_reward_mean before the update
+        # the method's order: the adaptive coefficient moves on THIS step's weighted_reward_mean before the update.
+        # (Its delta-sampled mode logs no such key, so its coefficient stays put there; ours moves on the same mean.)
         kl.update(reward_pair_mean)
         for mb in mbs:
             w_NK = opd.candidate_weights(mb["adv"], mb["old_topk"])
@@ -376,14 +377,14 @@ def main(argv=None):
         pairs = torch.cat([mb["delta"].flatten() for mb in mbs])     # (token, candidate) log-ratios: the method's
         dl = torch.cat([mb["delta_N"] for mb in mbs])                 # the sampled token's log-ratio (ours)
         lens = [len(o.token_ids) for o in outs]
-        delta = args.reward != "opd"                                  # two teachers: π_post and π_pre
+        two_teachers = args.reward != "opd"                           # π_post and π_pre (opd: one teacher)
         local = {"pairs": pairs.numel(), "pair": pairs.sum(), "pair_sq": (pairs ** 2).sum(),
                  "pair_pos": (pairs > 0).sum(), "pair_abs": pairs.abs().sum(), "dl": dl.sum(), "dl_sq": (dl ** 2).sum(), "dl_pos": (dl > 0).sum(),
                  "dl_abs": dl.abs().sum(), "resp_tokens": sum(lens), "seqs": len(lens),
                  "truncated": sum(o.finish_reason == "length" for o in outs),
                  "entropy": sum(mb["ent_N"].sum() for mb in mbs),
-                 "teacher_entropy": sum(mb["ent_t"]["pi_post" if delta else "teacher"].sum() for mb in mbs),
-                 "ref_entropy": sum(mb["ent_t"]["pi_pre"].sum() for mb in mbs) if delta else 0.0,
+                 "teacher_entropy": sum(mb["ent_t"]["pi_post" if two_teachers else "teacher"].sum() for mb in mbs),
+                 "ref_entropy": sum(mb["ent_t"]["pi_pre"].sum() for mb in mbs) if two_teachers else 0.0,
                  **upd, "logprob_gap": sum((mb["sampler_N"] - mb["old_N"]).abs().sum() for mb in mbs),
                  "prompt_tokens": sum(len(p) for p in req_prompts)}
         s = dict(zip(local, D.all_sum(*(float(v) for v in local.values()), device=d.device)))
@@ -415,8 +416,8 @@ def main(argv=None):
              "actor/ppo_kl_candidate_mean": s["neg_log_ratio"] / s["pairs"],
              "actor/grad_norm": grad_norm, "actor/kl_coef": kl.coef, "actor/skipped_step": skipped,
              "teacher/entropy": s["teacher_entropy"] / n_tok,
-             "teacher_ref/entropy": s["ref_entropy"] / n_tok if delta else None,
-             "teacher/entropy_minus_ref": (s["teacher_entropy"] - s["ref_entropy"]) / n_tok if delta else None,
+             "teacher_ref/entropy": s["ref_entropy"] / n_tok if two_teachers else None,
+             "teacher/entropy_minus_ref": (s["teacher_entropy"] - s["ref_entropy"]) / n_tok if two_teachers else None,
              "rollout/logprob_gap": s["logprob_gap"] / n_tok,
              "timing_s/gen": t_gen - t0, "timing_s/score": t_score - t_gen, "timing_s/update": t_update - t_score,
              "timing_s/step": dt, "perf/tokens_per_s": all_tokens / dt,
