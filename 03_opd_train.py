@@ -5,6 +5,14 @@ the current student → score the sampled tokens (and the student's top-K candid
 teacher of classic OPD), the reference (the student's initial weights) and the student → token rewards → one
 on-policy optimizer step (PPO clipped surrogate + k3 KL to the reference) → one JSON line of metrics.
 
+Shapes (the suffix of a tensor's name): B = sequences (a step takes --batch-prompts B prompts × n rollouts; in
+`input_ids_BT` the micro-batch's sequences), T = padded sequence length, N = response tokens of a micro-batch
+(flattened, padding removed), K = candidates scored per token (the student's top-K for delta-topk, else the one
+sampled token, K = 1), J = 1 + K ids a teacher scores per token ([sampled | top-K]). Every advantage is (N, K).
+
+At --temperature T ≠ 1 the student and the reference are scored at logits / T, as verl's actor and reference are
+(the teachers at 1); rollout/logprob_gap then compares those with the sampler's raw (T = 1) log-probs.
+
 Reads:  the pair's models and training prompts (lib/registry.py); a rerun reads train/<run>/resume/ (or resume.old/).
 Writes: <run-dir>/train/<run>/metrics.jsonl   one JSON object per step (SPEC §7.4 names)
                              /summary.json    the collapse watch (SPEC §7.5) and the run's settings
@@ -64,7 +72,8 @@ def parse_args(argv=None):
     a("--steps", type=int, default=100, help="optimizer steps (capped by one pass over the data)")
     a("--batch-prompts", type=int, default=64, help="B: prompts per step (global)")
     a("--rollouts", type=int, default=4, help="n: samples per prompt")
-    a("--temperature", type=float, default=1.0, help="rollout temperature")
+    a("--temperature", type=float, default=1.0,
+      help="rollout temperature; the student and reference are scored at it too (logits / T, as verl), teachers at 1")
     a("--top-p", type=float, default=1.0, help="rollout top-p")
     a("--topk", type=int, default=16, help="K of delta-topk")
     a("--lr", type=float, default=1e-6, help="AdamW learning rate, constant")
@@ -83,6 +92,8 @@ def parse_args(argv=None):
     a("--drop-overlong", action="store_true", help="drop prompts over the cap (listed by id) instead of refusing")
     a("--save-every", type=int, default=20, help="checkpoint every N steps (and at the last step)")
     a("--micro-batch", type=int, default=8, help="sequences per forward/backward on each rank")
+    a("--max-tokens-per-micro", type=int, default=None,
+      help="pack micro-batches by padded tokens instead (sequences sorted by length; overrides --micro-batch)")
     a("--backend", default="hf", choices=["hf", "vllm"], help="rollout engine: in-process torch/hf, or colocated vLLM")
     a("--vllm-gpu-memory", type=float, default=0.3, help="vLLM's share of GPU memory when colocated")
     a("--activation-checkpointing", action="store_true", help="recompute decoder layers in backward")
@@ -149,9 +160,9 @@ def load_lm(path, dtype, device):
     return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
 
 
-def frozen_scorer(path, args, d, bf16):
+def frozen_scorer(path, args, d, bf16, temperature=1.0):
     m = TokenScorer(load_lm(path, torch.bfloat16 if bf16 else torch.float32, d.device),
-                    fused_linear=args.scoring == "fused-linear")
+                    fused_linear=args.scoring == "fused-linear", temperature=temperature)
     m.requires_grad_(False).eval()
     return D.shard(m, bf16=False)   # already in its compute dtype: nothing to cast
 
@@ -218,6 +229,62 @@ def decide(out: Path, settings: dict):
             sys.exit(f"{out} is finished at --steps {saved['steps']} and holds no resume state to continue from; "
                      f"pass --run-name for a new run")
     return mode, src
+# --- one micro-batch of the loop (steps 2 and 4), functions so that tests run exactly this code ---
+
+def micro_batch_plan(lengths, max_seqs, max_tokens=None, n_micro=None):
+    """Which sequences go together: a list of index lists. Without a token budget, groups of max_seqs in sampling
+    order. With one, longest first, each group as many sequences as fit rows × longest ≤ max_tokens (a sequence over
+    the budget goes alone), so little is spent on padding. n_micro: split the most-padded groups until there are that
+    many (every rank must run the same number of forwards: FSDP gathers parameters collectively). The loss is a
+    token-mean over the GLOBAL batch, so how sequences are grouped never changes it."""
+    n = len(lengths)
+    if max_tokens is None:
+        plan = [list(range(c, min(c + max_seqs, n))) for c in range(0, n, max_seqs)]
+    else:
+        plan = []
+        for i in sorted(range(n), key=lambda i: (-lengths[i], i)):
+            if plan and (len(plan[-1]) + 1) * lengths[plan[-1][0]] <= max_tokens:   # plan[-1][0]: its longest
+                plan[-1].append(i)
+            else:
+                plan.append([i])
+    while n_micro is not None and len(plan) < n_micro:
+        j = max(range(len(plan)), key=lambda j: (len(plan[j]) > 1, len(plan[j]) * max(lengths[i] for i in plan[j])))
+        if len(plan[j]) < 2:
+            raise ValueError(f"cannot make {n_micro} micro-batches of {n} sequences")
+        half = len(plan[j]) // 2
+        plan[j:j + 1] = [plan[j][:half], plan[j][half:]]
+    return plan
+
+
+def score_micro_batch(student, teachers, ref, batch, K, completions):
+    """Step 2, no grad: the student's own log-probs ("old": before this step's update), its top-K candidates when
+    K > 0, and each teacher's log-probs (and entropy) at [sampled | top-K]; the reference's at the sampled tokens."""
+    dev = batch.targets_N.device
+    with torch.no_grad():
+        lp_N, topk_ids_NK, topk_lp_NK, ent_N = student(batch, None, topk=K)
+        ids_NJ = torch.cat([batch.targets_N[:, None], topk_ids_NK], 1)
+        scored = {k: m(batch, ids_NJ, with_entropy=True) for k, m in teachers.items()}
+        ref_N = score_ids(ref, batch, batch.targets_N[:, None])[:, 0] if ref is not None else None
+    last = torch.tensor([len(o.token_ids) for o in completions], device=dev).cumsum(0) - 1
+    is_stop_N = torch.zeros_like(lp_N, dtype=torch.bool)
+    is_stop_N[last[torch.tensor([o.finish_reason == "stop" for o in completions], device=dev)]] = True
+    # the sampled token's Δ = log π_post − log π_pre (opd: log π_T − log π_θ), logged for every reward
+    delta_N = (scored["pi_post"][0][:, 0] - scored["pi_pre"][0][:, 0]) if "pi_post" in scored \
+        else scored["teacher"][0][:, 0] - lp_N
+    return dict(batch=batch, old_N=lp_N, topk_ids=topk_ids_NK, old_topk=topk_lp_NK, ent_N=ent_N,
+                lp_t={k: v[0] for k, v in scored.items()}, ent_t={k: v[1] for k, v in scored.items()}, ref_N=ref_N,
+                delta_N=delta_N, is_stop_N=is_stop_N,
+                sampler_N=torch.tensor([x for o in completions for x in o.logprobs], device=dev))
+
+
+def micro_batch_loss(student, mb, kl_coef, n_tokens, clip_eps):
+    """Step 4 for one micro-batch: the student re-scores its rollouts WITH grad at the candidates step 2 stored (the
+    stored top-K ids, never re-selected), then opd.update_loss. Returns opd.update_loss's (loss, pg_N, clipped_NK,
+    neg_log_ratio_NK, kl_N)."""
+    lp_N, _, topk_lp_NK, _ = student(mb["batch"], None, topk_ids_NK=mb["topk_ids"])
+    on_topk = mb["topk_ids"].shape[1] > 0                          # delta-topk: the advantage is on the K candidates
+    lp_NK, old_NK = (topk_lp_NK, mb["old_topk"]) if on_topk else (lp_N[:, None], mb["old_N"][:, None])
+    return opd.update_loss(lp_NK, old_NK, mb["adv"], lp_N, mb["ref_N"], kl_coef, n_tokens, clip_eps)
 
 
 def main(argv=None):
@@ -270,11 +337,12 @@ def main(argv=None):
         log(d, f"[03] one pass over {len(rows)} prompts allows {steps} steps of {B} (asked {args.steps})")
 
     # --- models: student (trainable, fp32 master weights), reference, teachers — all FSDP2-sharded ---
+    # student and reference scored at the rollout temperature (logits / T, as verl's actor and ref); teachers at 1
     student = TokenScorer(load_lm(resolved["student"].path, torch.float32, d.device),
-                          fused_linear=args.scoring == "fused-linear")
+                          fused_linear=args.scoring == "fused-linear", temperature=args.temperature)
     n_params = sum(p.numel() for p in student.parameters())
     D.shard(student, bf16=bf16, activation_checkpointing=args.activation_checkpointing, compile=args.compile)
-    ref = frozen_scorer(resolved["student"].path, args, d, bf16) if args.kl_ref == "init" else None
+    ref = frozen_scorer(resolved["student"].path, args, d, bf16, args.temperature) if args.kl_ref == "init" else None
     teachers = {k: frozen_scorer(resolved[k].path, args, d, bf16) for k in roles if k != "student"}
     optim = torch.optim.AdamW(student.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     engine = make_engine(args, resolved["student"].path, tokenizer, d, bf16)
@@ -334,65 +402,50 @@ def main(argv=None):
             engine.sleep()
         t_gen = time.monotonic()
 
-        # 2. scoring, no grad: the student's own log-probs and top-K, then teachers and reference on the same ids
+        # 2. scoring, no grad. "Old" log-probs = the student's scores of its own rollouts before this step's update:
+        #    the PPO ratio's denominator (and the delta-topk weights). Teachers score [sampled | top-K] ids in one
+        #    pass: the forward over the sequence is the cost, a few more ids per position are nearly free.
         K = args.topk if args.reward == "delta-topk" else 0
+        seq_lens = [len(p) + len(o.token_ids) for p, o in zip(req_prompts, outs)]
+        plan = micro_batch_plan(seq_lens, args.micro_batch, args.max_tokens_per_micro)
+        plan = micro_batch_plan(seq_lens, args.micro_batch, args.max_tokens_per_micro,
+                                n_micro=int(D.all_max(len(plan), device=d.device)[0]))
         mbs = []
-        for c in range(0, len(outs), args.micro_batch):
-            chunk = outs[c:c + args.micro_batch]
-            batch = pack(req_prompts[c:c + args.micro_batch], [o.token_ids for o in chunk], pad_id).to(d.device)
-            with torch.no_grad():
-                lp_N, topk_ids_NK, topk_lp_NK, ent_N = student(batch, None, topk=K)
-                ids_NK = batch.targets_N[:, None] if K == 0 else torch.cat([batch.targets_N[:, None], topk_ids_NK], 1)
-                lp_t = {k: score_ids(m, batch, ids_NK) for k, m in teachers.items()}
-                ref_N = score_ids(ref, batch, batch.targets_N[:, None])[:, 0] if ref is not None else None
-            last = torch.tensor([len(o.token_ids) for o in chunk], device=d.device).cumsum(0) - 1
-            is_stop_N = torch.zeros_like(lp_N, dtype=torch.bool)
-            is_stop_N[last[torch.tensor([o.finish_reason == "stop" for o in chunk], device=d.device)]] = True
-            sampler_N = torch.tensor([x for o in chunk for x in o.logprobs], device=d.device)
-            mbs.append(dict(batch=batch, old_N=lp_N, topk_ids=topk_ids_NK, old_topk=topk_lp_NK, ent_N=ent_N,
-                            lp_t=lp_t, ref_N=ref_N, is_stop_N=is_stop_N, sampler_N=sampler_N))
+        for idx in plan:
+            chunk = [outs[i] for i in idx]
+            batch = pack([req_prompts[i] for i in idx], [o.token_ids for o in chunk], pad_id).to(d.device)
+            mbs.append(score_micro_batch(student, teachers, ref, batch, K, chunk))
 
-        # 3. rewards (SPEC §7.2); Δ on the realized token is logged for every reward
+        # 3. rewards (DESIGN.md §7.2): an (N, K) advantage per micro-batch, then the means the KL controller reads
         for mb in mbs:
-            if args.reward == "opd":
-                mb["delta_N"] = mb["lp_t"]["teacher"][:, 0] - mb["old_N"]
-                mb["adv"] = opd.opd_reward(mb["old_N"], mb["lp_t"]["teacher"][:, 0])
-            else:
-                dlt_NK = mb["lp_t"]["pi_post"] - mb["lp_t"]["pi_pre"]
-                mb["delta_N"] = dlt_NK[:, 0]
-                mb["adv"] = (opd.delta_topk_advantage(mb["old_topk"], mb["lp_t"]["pi_post"][:, 1:],
-                                                      mb["lp_t"]["pi_pre"][:, 1:])
-                             if K else opd.delta_sampled_reward(mb["lp_t"]["pi_post"][:, 0], mb["lp_t"]["pi_pre"][:, 0]))
-        tok_reward = lambda mb: mb["adv"].sum(-1) if mb["adv"].dim() == 2 else mb["adv"]  # noqa: E731  Σ_k A_{t,k}
-        n_tok, r_sum = D.all_sum(sum(len(mb["old_N"]) for mb in mbs),
-                                 sum(tok_reward(mb).sum().item() for mb in mbs), device=d.device)
-        reward_mean = r_sum / n_tok
-        # the method's order: the adaptive coefficient moves on THIS step's reward mean before the update uses it
-        kl.update(reward_mean)
+            mb["adv"], mb["delta"] = opd.advantages(args.reward, mb["lp_t"], mb["old_N"], mb["old_topk"])
+        n_tok, n_pairs, adv_sum = D.all_sum(sum(len(mb["old_N"]) for mb in mbs), sum(mb["adv"].numel() for mb in mbs),
+                                            sum(mb["adv"].sum().item() for mb in mbs), device=d.device)
+        reward_pair_mean = adv_sum / n_pairs      # the method's delta_opd/weighted_reward_mean: over (token, candidate)
+        reward_token_mean = adv_sum / n_tok       # delta_opd/weighted_reward_token_mean: a token's Σ_k A, token-mean
+        # the method's order: the adaptive coefficient moves on THIS step's weighted_reward_mean before the update.
+        # (Its delta-sampled mode logs no such key, so its coefficient stays put there; ours moves on the same mean.)
+        kl.update(reward_pair_mean)
         for mb in mbs:
-            stop = mb["is_stop_N"] if mb["adv"].dim() == 1 else mb["is_stop_N"][:, None]
+            w_NK = opd.candidate_weights(mb["adv"], mb["old_topk"])
             if args.reward_center:
-                mb["adv"] = opd.center_reward(mb["adv"], reward_mean, opd.topk_weights(mb["old_topk"]) if K else None)
-            mb["adv"] = opd.eos_policy(mb["adv"], stop.expand_as(mb["adv"]), args.eos_policy, args.eos_floor)
+                mb["adv"] = opd.center_reward(mb["adv"], reward_token_mean, w_NK)
+            mb["adv"] = opd.eos_policy(mb["adv"], mb["is_stop_N"], args.eos_policy, args.eos_floor, w_NK)
         t_score = time.monotonic()
 
         # 4. update: PPO clipped surrogate + kl_coef · k3, token-mean over the GLOBAL batch; one optimizer step
         student.train()
         optim.zero_grad(set_to_none=True)
-        sums = dict(pg=0.0, klv=0.0, clip=0.0, ppo_kl=0.0)
+        upd = dict(pg=0.0, kl=0.0, clipped=0.0, neg_log_ratio=0.0)
         for mb in mbs:
-            lp_N, _, topk_lp_NK, _ = student(mb["batch"], None, topk=K)
-            if K:
-                pg, clipped, pkl = opd.ppo_clip_terms(topk_lp_NK, mb["old_topk"], mb["adv"], args.clip_eps)
-                pg, clipped, pkl = pg.sum(-1), clipped.mean(-1), pkl.mean(-1)
-            else:
-                pg, clipped, pkl = opd.ppo_clip_terms(lp_N, mb["old_N"], mb["adv"], args.clip_eps)
-            klv = opd.low_var_kl(lp_N, mb["ref_N"]) if ref is not None else torch.zeros_like(pg)
-            # FSDP averages gradients over W ranks; × W turns that back into the global token-mean
-            loss = (pg.sum() + kl.coef * klv.sum()) / n_tok * W
+            # FSDP averages gradients over W ranks: dividing by n_tok / W turns that back into the global token-mean
+            loss, pg_N, clipped_NK, neg_log_ratio_NK, kl_N = micro_batch_loss(student, mb, kl.coef, n_tok / W,
+                                                                              args.clip_eps)
             loss.backward()
-            sums["pg"] += pg.sum().item(); sums["klv"] += klv.sum().item()
-            sums["clip"] += clipped.sum().item(); sums["ppo_kl"] += pkl.sum().item()
+            upd["pg"] += pg_N.sum().item()
+            upd["kl"] += kl_N.sum().item()
+            upd["clipped"] += clipped_NK.sum().item()
+            upd["neg_log_ratio"] += neg_log_ratio_NK.sum().item()
         grad_norm = torch.nn.utils.clip_grad_norm_(student.parameters(), args.grad_clip)
         grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
         skipped = not math.isfinite(grad_norm)
@@ -404,38 +457,63 @@ def main(argv=None):
         student.eval()
         t_update = time.monotonic()
 
-        # 5. metrics (SPEC §7.4): sums and extrema across ranks, then the collapse watch and the KL controller
-        dl = torch.cat([mb["delta_N"] for mb in mbs])
+        # 5. metrics (DESIGN.md §7.4): named sums across ranks, each metric beside the sums it divides
+        pairs = torch.cat([mb["delta"].flatten() for mb in mbs])     # (token, candidate) log-ratios: the method's
+        dl = torch.cat([mb["delta_N"] for mb in mbs])                 # the sampled token's log-ratio (ours)
         lens = [len(o.token_ids) for o in outs]
-        s = D.all_sum(dl.sum().item(), (dl ** 2).sum().item(), (dl > 0).sum().item(), dl.abs().sum().item(),
-                      sum(lens), len(lens), sum(o.finish_reason == "length" for o in outs),
-                      sum(mb["ent_N"].sum().item() for mb in mbs), sums["pg"], sums["klv"], sums["clip"],
-                      sums["ppo_kl"], sum((mb["sampler_N"] - mb["old_N"]).abs().sum().item() for mb in mbs),
-                      sum(len(p) for p in req_prompts), device=d.device)
-        mx = D.all_max(max(lens), -min(lens), device=d.device)
+        two_teachers = args.reward != "opd"                           # π_post and π_pre (opd: one teacher)
+        local = {"pairs": pairs.numel(), "pair": pairs.sum(), "pair_sq": (pairs ** 2).sum(),
+                 "pair_pos": (pairs > 0).sum(), "pair_abs": pairs.abs().sum(), "dl": dl.sum(), "dl_sq": (dl ** 2).sum(), "dl_pos": (dl > 0).sum(),
+                 "dl_abs": dl.abs().sum(), "resp_tokens": sum(lens), "seqs": len(lens),
+                 "truncated": sum(o.finish_reason == "length" for o in outs),
+                 "entropy": sum(mb["ent_N"].sum() for mb in mbs),
+                 "teacher_entropy": sum(mb["ent_t"]["pi_post" if two_teachers else "teacher"].sum() for mb in mbs),
+                 "ref_entropy": sum(mb["ent_t"]["pi_pre"].sum() for mb in mbs) if two_teachers else 0.0,
+                 **upd, "logprob_gap": sum((mb["sampler_N"] - mb["old_N"]).abs().sum() for mb in mbs),
+                 "prompt_tokens": sum(len(p) for p in req_prompts)}
+        s = dict(zip(local, D.all_sum(*(float(v) for v in local.values()), device=d.device)))
+        mx = dict(zip(["len_max", "len_neg_min", "pair_max", "pair_neg_min"],
+                      D.all_max(max(lens), -min(lens), pairs.max().item(), -pairs.min().item(), device=d.device)))
         dt = time.monotonic() - t0
-        mean_dl = s[0] / n_tok
+        pair_mean, dl_mean, all_tokens = s["pair"] / s["pairs"], s["dl"] / n_tok, s["resp_tokens"] + s["prompt_tokens"]
         m = {"step": step,
-             "delta_opd/log_ratio_mean": mean_dl,
-             "delta_opd/log_ratio_std": math.sqrt(max(s[1] / n_tok - mean_dl ** 2, 0.0)),
-             "delta_opd/log_ratio_pos_frac": s[2] / n_tok, "delta_opd/log_ratio_abs_mean": s[3] / n_tok,
-             "delta_opd/weighted_reward_mean": reward_mean,
-             "response_length/mean": s[4] / s[5], "response_length/max": mx[0], "response_length/min": -mx[1],
-             "response_length/clip_ratio": s[6] / s[5],
-             "actor/entropy": s[7] / n_tok, "actor/pg_loss": s[8] / n_tok, "actor/kl_loss": s[9] / n_tok,
-             "actor/pg_clipfrac": s[10] / n_tok, "actor/ppo_kl": s[11] / n_tok, "actor/grad_norm": grad_norm,
-             "actor/kl_coef": kl.coef, "actor/skipped_step": skipped,
-             "teacher/entropy_minus_ref": None,
-             "rollout/logprob_gap": s[12] / n_tok,
+             # the method's log-ratio statistics: over all (token, candidate) pairs (K = 1: the sampled token)
+             "delta_opd/log_ratio_mean": pair_mean,
+             "delta_opd/log_ratio_std": math.sqrt(max(s["pair_sq"] / s["pairs"] - pair_mean ** 2, 0.0)),
+             "delta_opd/log_ratio_pos_frac": s["pair_pos"] / s["pairs"],
+             "delta_opd/log_ratio_abs_mean": s["pair_abs"] / s["pairs"],
+             "delta_opd/log_ratio_min": -mx["pair_neg_min"], "delta_opd/log_ratio_max": mx["pair_max"],
+             # ours: the same on the sampled token only
+             "delta_opd/log_ratio_mean_sampled": dl_mean,
+             "delta_opd/log_ratio_std_sampled": math.sqrt(max(s["dl_sq"] / n_tok - dl_mean ** 2, 0.0)),
+             "delta_opd/log_ratio_pos_frac_sampled": s["dl_pos"] / n_tok,
+             "delta_opd/log_ratio_abs_mean_sampled": s["dl_abs"] / n_tok,
+             "delta_opd/weighted_reward_mean": reward_pair_mean,            # (before --reward-center / --eos-policy)
+             "delta_opd/weighted_reward_token_mean": reward_token_mean,
+             "response_length/mean": s["resp_tokens"] / s["seqs"], "response_length/max": mx["len_max"],
+             "response_length/min": -mx["len_neg_min"], "response_length/clip_ratio": s["truncated"] / s["seqs"],
+             "actor/entropy": s["entropy"] / n_tok,
+             "actor/pg_loss": s["pg"] / n_tok,                               # Σ_k per token, token-mean (verl)
+             "actor/kl_loss": s["kl"] / n_tok,
+             "actor/pg_clipfrac": s["clipped"] / s["pairs"],                 # per candidate (verl)
+             "actor/ppo_kl": s["neg_log_ratio"] / n_tok,                     # Σ_k −log ρ per token, token-mean (verl)
+             "actor/ppo_kl_candidate_mean": s["neg_log_ratio"] / s["pairs"],
+             "actor/grad_norm": grad_norm, "actor/kl_coef": kl.coef, "actor/skipped_step": skipped,
+             "teacher/entropy": s["teacher_entropy"] / n_tok,
+             "teacher_ref/entropy": s["ref_entropy"] / n_tok if two_teachers else None,
+             "teacher/entropy_minus_ref": (s["teacher_entropy"] - s["ref_entropy"]) / n_tok if two_teachers else None,
+             "rollout/logprob_gap": s["logprob_gap"] / n_tok,
              "timing_s/gen": t_gen - t0, "timing_s/score": t_score - t_gen, "timing_s/update": t_update - t_score,
-             "timing_s/step": dt, "perf/tokens_per_s": (s[4] + s[13]) / dt,
-             "perf/mfu": (6 * n_params * (s[4] + s[13]) / (t_update - t_score) / (peak * 1e12 * W)) if peak else None,
+             "timing_s/step": dt, "perf/tokens_per_s": all_tokens / dt,
+             "perf/micro_batch_sizes": [len(i) for i in plan],            # rank 0's
+             "perf/padding_frac": 1 - sum(seq_lens) / sum(len(i) * max(seq_lens[j] for j in i) for i in plan),
+             "perf/mfu": (6 * n_params * all_tokens / (t_update - t_score) / (peak * 1e12 * W)) if peak else None,
              "memory/max_allocated_gb": torch.cuda.max_memory_allocated(d.device) / 2**30 if bf16 else None}
         events = watch.update(step, m["response_length/clip_ratio"], m["response_length/mean"])
         if d.main:
             with open(out / "metrics.jsonl", "a") as f:
                 f.write(json.dumps(m) + "\n")
-            print(f"step {step:>4}/{steps} | reward {reward_mean:+.4f} | Δ>0 {100 * m['delta_opd/log_ratio_pos_frac']:4.1f}% "
+            print(f"step {step:>4}/{steps} | reward {reward_token_mean:+.4f} | Δ>0 {100 * m['delta_opd/log_ratio_pos_frac']:4.1f}% "
                   f"| len {m['response_length/mean']:6.1f} clip {m['response_length/clip_ratio']:.2f} | ent "
                   f"{m['actor/entropy']:.3f} | kl {m['actor/kl_loss']:.4f}×{m['actor/kl_coef']:.3f} | gn {grad_norm:.3f} "
                   f"| {dt:.1f}s (gen {m['timing_s/gen']:.1f} score {m['timing_s/score']:.1f} upd "
@@ -468,7 +546,7 @@ def main(argv=None):
     if d.main:
         summary = watch.summary() | {"pair": args.pair, "reward": args.reward, "student": sspec.model,
                                      "teachers": {k: resolved[k].provenance() for k in roles},
-                                     "steps": steps, "last_step": step, "stopped": stopped,
+                                     "steps": steps, "last_step": step, "stopped": stopped, "seed": args.seed,
                                      "dropped_prompts": [i for i, _ in dropped]}
         atomic_write_json(out / "summary.json", summary)
     if d.main and stopped == "time_limit":

@@ -52,8 +52,7 @@ from lib import benchmarks, models, raft, registry, runs, sft_fsdp
 from lib.artifacts import (atomic_write_json, atomic_write_jsonl, read_json, read_jsonl, read_manifest, sha256_bytes,
                            sha256_file, verify_dir, wall_clock, write_manifest)
 from lib.data import assistant_header, evenly_spaced, prompt_ids, stable_seed
-from lib.sft import batch_plan, completion_labels
-from lib.sft_fsdp import ADAM_BETAS
+from lib.sft import ADAM_BETAS, batch_plan, completion_labels
 EVAL = registry.PROTOCOLS["sample4"]
 T_START = time.monotonic()         # --time-limit counts from here: the process start
 

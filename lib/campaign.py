@@ -16,15 +16,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lib.artifacts import ArtifactError, read_json, read_jsonl, verify_dir
-from lib.opd import CollapseWatch
+from lib.collapse import CLIP_ONSET, CLIP_SINK      # the collapse watch's thresholds, declared once
+
+DEFAULT_SEED = 42                     # a run that records no seed was trained with 03's default
 
 EXTRACTORS = ("answer_line", "boxed", "none")
 # DESIGN.md §7.4 per-step metrics the report draws; the first six are the training-curve panels
 CURVE_KEYS = ("response_length/mean", "response_length/clip_ratio", "delta_opd/weighted_reward_mean",
               "actor/kl_coef", "actor/entropy", "actor/grad_norm", "delta_opd/log_ratio_mean",
               "response_length/max", "timing_s/step", "rollout/logprob_gap")
-CLIP_ONSET, CLIP_SINK = CollapseWatch.onset_clip, CollapseWatch.run_clip   # the trainer's live watch declares them
-DEFAULT_SEED = 42                     # a run that records no seed was trained with 03's default
 
 
 class UnitError(ArtifactError):

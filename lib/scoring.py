@@ -52,32 +52,106 @@ def pack(prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> B
     return Batch(ids, mask, as_long(rows), as_long(cols), as_long(targets), as_long(seq))
 
 
+GATHER_CHUNK_ELEMS = 1 << 24          # gather_logits upcasts at most this many weight elements at a time
+
+
+class GatherLogits(torch.autograd.Function):
+    """x_NJ[n, j] = hidden_NH[n] · weight_VH[ids_NJ[n, j]] in fp32: the logits of J given ids, without the (N, V) row.
+
+    Backward: grad_hidden[n] = Σ_j g_nj W[ids_nj],  grad_W[v] += Σ_{(n, j): ids_nj = v} g_nj hidden[n]."""
+
+    @staticmethod
+    def forward(ctx, hidden_NH, weight_VH, ids_NJ):
+        ctx.save_for_backward(hidden_NH, weight_VH, ids_NJ)
+        x_NJ = torch.empty(ids_NJ.shape, dtype=torch.float32, device=hidden_NH.device)
+        for r in _gather_chunks(*ids_NJ.shape, hidden_NH.shape[1]):
+            x_NJ[r] = torch.einsum("nh,njh->nj", hidden_NH[r].float(), weight_VH[ids_NJ[r]].float())
+        return x_NJ
+
+    @staticmethod
+    def backward(ctx, g_NJ):
+        hidden_NH, weight_VH, ids_NJ = ctx.saved_tensors
+        H = hidden_NH.shape[1]
+        grad_h = torch.empty(hidden_NH.shape, dtype=torch.float32, device=hidden_NH.device)
+        # the weight gradient touches only the ids scored: accumulate those rows in fp32 (U × H, not V × H)
+        uniq_U, where_NJ = torch.unique(ids_NJ, return_inverse=True)
+        acc_UH = torch.zeros(len(uniq_U), H, dtype=torch.float32, device=hidden_NH.device) \
+            if ctx.needs_input_grad[1] else None
+        for r in _gather_chunks(*ids_NJ.shape, H):
+            g = g_NJ[r].float()
+            grad_h[r] = torch.einsum("nj,njh->nh", g, weight_VH[ids_NJ[r]].float())
+            if acc_UH is not None:
+                outer = (g[:, :, None] * hidden_NH[r].float()[:, None]).reshape(-1, H)     # (n·J, H)
+                acc_UH.index_add_(0, where_NJ[r].reshape(-1), outer)
+        grad_w = None
+        if acc_UH is not None:
+            grad_w = torch.zeros_like(weight_VH)
+            grad_w[uniq_U] = acc_UH.to(weight_VH.dtype)
+        return grad_h.to(hidden_NH.dtype), grad_w, None
+
+
+def _gather_chunks(N, J, H):
+    step = max(1, GATHER_CHUNK_ELEMS // max(J * H, 1))
+    return [slice(r, min(r + step, N)) for r in range(0, N, step)]
+
+
 class TokenScorer(nn.Module):
     """A causal LM whose forward returns per-response-token log-probs instead of logits.
 
-    forward(batch, ids_NK)        → lp_NK (and entropy_N): log π(ids) at each response position (teachers, ref)
-    forward(batch, None, topk=K)  → (lp_N, topk_ids_NK, topk_lp_NK, entropy_N) with grad: the student
+    forward(batch, ids_NK)                      → lp_NK: log π(ids) at each response position (teachers, ref)
+    forward(batch, ids_NK, with_entropy=True)   → (lp_NK, entropy_N)
+    forward(batch, None, topk=K)                → (lp_N, topk_ids_NK, topk_lp_NK, entropy_N): the student choosing
+                                                  its top-K candidates (the scoring pass)
+    forward(batch, None, topk_ids_NK=ids)       → the same four, the candidates given (the update pass: it scores
+                                                  the ids the scoring pass chose, never re-selects them)
+    lp_N and topk_lp_NK carry grad when grad is on; both student modes compute topk_lp_NK by the same code on the
+    same shapes, so the update pass reproduces the scoring pass to the bit and the on-policy ratio is exactly 1.
+
+    `temperature` divides the logits (verl scores the student and the reference at the rollout temperature; the
+    teachers stay at 1). Given ids are scored as lp(id) = lp(sampled) + x_id − x_sampled: the fused kernels give the
+    sampled token's log-prob and the entropy in one pass over V, and `GatherLogits` the J logits of the given ids.
     """
 
-    def __init__(self, lm: nn.Module, fused_linear: bool = True):
+    def __init__(self, lm: nn.Module, fused_linear: bool = True, temperature: float = 1.0):
         super().__init__()
+        if not temperature > 0:
+            raise ValueError(f"temperature {temperature} must be > 0 (the logits are divided by it)")
         self.lm = lm
         self.fused_linear = fused_linear
+        self.temperature = temperature
         head = lm.get_output_embeddings()
         if getattr(head, "bias", None) is not None:
             raise ValueError("TokenScorer assumes an lm_head without bias (true of Qwen2/Llama-style models)")
 
     def hidden(self, batch: Batch) -> torch.Tensor:
         out = self.lm.model(input_ids=batch.input_ids_BT, attention_mask=batch.attention_mask_BT, use_cache=False)
-        return out.last_hidden_state[batch.rows_N, batch.cols_N]          # (N, H)
+        h = out.last_hidden_state[batch.rows_N, batch.cols_N]          # (N, H)
+        return h if self.temperature == 1.0 else h / self.temperature   # logits / T = (h / T) @ W^T
 
-    def forward(self, batch: Batch, ids_NK: torch.Tensor | None = None, topk: int = 0):
+    def _student(self, hidden_NH, weight_VH, targets_N, topk):
+        if self.fused_linear:
+            return linear_logratio.linear_student_logprobs(hidden_NH, weight_VH, targets_N, topk)
+        return logratio.student_logprobs(hidden_NH @ weight_VH.T, targets_N, topk)
+
+    def _given(self, hidden_NH, weight_VH, targets_N, lp_N, ids_NK):
+        """lp(ids) = lp(sampled) + x_ids − x_sampled: exact (the log-sum-exp cancels), with grad through both parts."""
+        if ids_NK.shape[1] == 0:
+            return lp_N.new_zeros(len(lp_N), 0)
+        x_NJ = GatherLogits.apply(hidden_NH, weight_VH, torch.cat([targets_N[:, None], ids_NK.long()], 1))
+        return lp_N[:, None] + (x_NJ[:, 1:] - x_NJ[:, :1])
+
+    def forward(self, batch: Batch, ids_NK: torch.Tensor | None = None, topk: int = 0, with_entropy: bool = False,
+                topk_ids_NK: torch.Tensor | None = None):
         hidden_NH = self.hidden(batch)
         weight_VH = self.lm.get_output_embeddings().weight
-        if ids_NK is None:   # the student: sampled-token log-probs (+ its own top-K), differentiable
-            if self.fused_linear:
-                return linear_logratio.linear_student_logprobs(hidden_NH, weight_VH, batch.targets_N, topk)
-            return logratio.student_logprobs(hidden_NH @ weight_VH.T, batch.targets_N, topk)
+        if ids_NK is None:   # the student: its sampled tokens and its top-K candidates, chosen here or given
+            lp_N, chosen_NK, _, ent_N = self._student(hidden_NH, weight_VH, batch.targets_N,
+                                                      topk if topk_ids_NK is None else 0)
+            ids = chosen_NK if topk_ids_NK is None else topk_ids_NK
+            return lp_N, ids, self._given(hidden_NH, weight_VH, batch.targets_N, lp_N, ids), ent_N
+        if with_entropy:
+            lp_N, _, _, ent_N = self._student(hidden_NH, weight_VH, batch.targets_N, 0)
+            return self._given(hidden_NH, weight_VH, batch.targets_N, lp_N, ids_NK), ent_N
         if self.fused_linear:
             return linear_logratio.linear_token_logprobs(hidden_NH, weight_VH, ids_NK)
         return logratio.token_logprobs(hidden_NH @ weight_VH.T, ids_NK)

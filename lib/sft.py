@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 IGNORE = -100  # the label of a position that is not learned (prompt, padding); F.cross_entropy's ignore_index
+ADAM_BETAS = (0.9, 0.95)   # AdamW (β1, β2) of every SFT here: the toy world's and RAFT's (07_raft.py)
 
 
 # --- examples and batches ---
@@ -96,7 +97,7 @@ def batch_plan(n_examples: int, batch_size: int, epochs: int, seed: int) -> list
 
 def train_sft(model, examples: list[tuple[list[int], list[int]]], *, lr: float, epochs: int, batch_size: int,
               warmup_frac: float = 0.05, schedule: str = "cosine", seed: int = 0, log_every: int = 50,
-              pad_id: int | None = None, weight_decay: float = 0.0, betas: tuple[float, float] = (0.9, 0.95),
+              pad_id: int | None = None, weight_decay: float = 0.0, betas: tuple[float, float] = ADAM_BETAS,
               grad_clip: float = 1.0, log=print) -> list[dict]:
     """Fine-tune `model` in place on (input_ids, labels) examples with AdamW and the completion loss.
 

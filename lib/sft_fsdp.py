@@ -7,16 +7,13 @@ the loss is a token-mean over the GLOBAL batch (FSDP averages gradients over the
 """
 from __future__ import annotations
 
-import inspect
 import math
 import time
 
 import torch
 
 from lib import dist as D
-from lib.sft import IGNORE, collate, completion_loss, lr_factor, train_sft
-
-ADAM_BETAS = inspect.signature(train_sft).parameters["betas"].default   # declared once: lib.sft.train_sft's default
+from lib.sft import IGNORE, collate, completion_loss, lr_factor
 
 
 def train(model, optim, examples, train_idx, val_idx, plan, d: D.Dist, *, lr: float, warmup: int, schedule: str,

@@ -166,17 +166,20 @@ def test_linear_variant(kernels, device, dtype):
 
 @pytest.mark.parametrize("device,dtype", CASES)
 def test_rewards_equal_on_both_paths(kernels, monkeypatch, device, dtype):
-    """The three DESIGN.md §7.2 rewards (lib/opd.py, as 03_opd_train computes them) from the kernels (CUDA / interpreter)
-    equal those from the reference (CPU)."""
+    """The three rewards as 03_opd_train's step 3 builds them (opd.advantages, the function the loop calls, on the
+    loop's [sampled | top-K] layout) from the kernels (CUDA / interpreter) equal those from the reference (CPU)."""
     from lib import opd
 
     def rewards(student, post, pre, ids_N, k=4):
         lp, topk_ids, topk_lp, _ = L.student_logprobs(student, ids_N, k)
-        lp_post_N, lp_pre_N, _ = L.teacher_logprobs(post, pre, ids_N[:, None])
-        lp_post_NK, lp_pre_NK, _ = L.teacher_logprobs(post, pre, topk_ids)
-        return {"delta-sampled": opd.delta_sampled_reward(lp_post_N[:, 0], lp_pre_N[:, 0]),
-                "delta-topk": opd.delta_topk_advantage(topk_lp, lp_post_NK, lp_pre_NK), "topk_ids": topk_ids,
-                "opd": opd.opd_reward(lp, L.token_logprobs(post, ids_N[:, None])[:, 0])}
+        ids_NJ = torch.cat([ids_N[:, None], topk_ids], 1)
+        lp_post, lp_pre, _ = L.teacher_logprobs(post, pre, ids_NJ)
+        out = {"topk_ids": topk_ids}
+        for reward in opd.REWARDS:
+            lp_t = {"teacher": lp_post} if reward == "opd" else {"pi_post": lp_post, "pi_pre": lp_pre}
+            cand = topk_lp if reward == "delta-topk" else topk_lp[:, :0]
+            out[reward] = opd.advantages(reward, lp_t, lp, cand)[0]
+        return out
 
     x = [make_logits(device, dtype, seed=s) for s in (7, 8, 9)]
     for t in x:
@@ -186,9 +189,16 @@ def test_rewards_equal_on_both_paths(kernels, monkeypatch, device, dtype):
     monkeypatch.setenv("LOGRATIO_FORCE_TRITON", "0")
     reference_side = rewards(*[t.cpu() for t in x], ids.cpu())
     assert torch.equal(kernel_side["topk_ids"].cpu(), reference_side["topk_ids"])
+    # and both equal the rewards' definitions written out on plain log_softmax (a reversed sign fails here)
+    s_V, post_V, pre_V = (torch.log_softmax(t.cpu().float(), -1) for t in x)
+    y, c = ids.cpu()[:, None], reference_side["topk_ids"]
+    plain = {"delta-sampled": post_V.gather(1, y) - pre_V.gather(1, y),
+             "delta-topk": torch.softmax(s_V.gather(1, c), -1) * (post_V.gather(1, c) - pre_V.gather(1, c)),
+             "opd": -(s_V.gather(1, y) - post_V.gather(1, y)).clamp(-10, 10)}
     for name in ("delta-sampled", "delta-topk", "opd"):
         assert kernel_side[name].isfinite().all()
         assert_close(kernel_side[name], reference_side[name], LP_TOL[dtype])
+        assert_close(reference_side[name], plain[name], LP_TOL[dtype])
 
 
 def test_errors_name_the_fix():

@@ -55,6 +55,17 @@ def test_ppo_clip_by_hand():
     assert kl.tolist() == pytest.approx([-math.log(1.5), -math.log(1.5), -math.log(0.5), -math.log(1.1)])
 
 
+def test_ppo_dual_clip_and_log_ratio_clamp():
+    # A < 0 and ρ = 5 > c = 3: the loss stops at −A·c (verl's dual clip); A > 0 is never dual-clipped
+    lp = t(math.log(5.0), math.log(5.0), 30.0, -30.0)
+    loss, clipped, kl = opd.ppo_clip_terms(lp, torch.zeros(4, dtype=torch.float64), t(-1.0, 1.0, -1.0, 1.0))
+    assert loss.tolist() == pytest.approx([3.0, -1.2, 3.0, -math.exp(-20.0)])       # ρ = e^−20, A > 0: unclipped
+    assert kl.tolist() == pytest.approx([-math.log(5.0), -math.log(5.0), -20.0, 20.0])   # log ρ clamped to ±20
+    assert clipped.tolist() == [0.0, 1.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match="dual-clip"):
+        opd.ppo_clip_terms(lp, lp, lp, clip_ratio_c=1.0)
+
+
 def test_ppo_on_policy_gradient_is_the_policy_gradient():
     lp = t(-1.0, -2.0).requires_grad_()
     loss, _, _ = opd.ppo_clip_terms(lp, lp.detach(), t(0.3, -0.7))
@@ -64,6 +75,7 @@ def test_ppo_on_policy_gradient_is_the_policy_gradient():
 
 def test_kl_controller_steps_and_clamps():
     c = opd.KLController()
+    assert opd.KLController().rate == 0.01            # the method's training script: ADAPTIVE_KL_LOSS_EPS=0.01
     assert c.update(-0.1) == pytest.approx(2.5 * 0.99)
     assert c.update(+0.1) == pytest.approx(2.5 * 0.99 * 1.01)
     assert c.update(+0.1) == pytest.approx(2.5)                           # clamped at the top
@@ -83,11 +95,54 @@ def test_center_and_eos_policy():
     shifted = opd.center_reward(t(0.1, -0.2)[None], -0.4, w)
     assert shifted.sum().item() == pytest.approx(-0.1 + 0.4)               # Σ_k A moves by exactly c
     stop = torch.tensor([False, False, True])
-    assert opd.eos_policy(t(-1, -2, -90), stop, "raw").tolist() == [-1, -2, -90]
-    assert opd.eos_policy(t(-1, -2, -90), stop, "neutral").tolist() == [-1, -2, 0]
-    assert opd.eos_policy(t(-1, -2, -90), stop, "clamp", floor=0.5).tolist() == [-1, -2, -0.5]
+    col = t(-1, -2, -90)[:, None]                                           # one candidate per token: (N, 1)
+    assert opd.eos_policy(col, stop, "raw")[:, 0].tolist() == [-1, -2, -90]
+    assert opd.eos_policy(col, stop, "neutral")[:, 0].tolist() == [-1, -2, 0]
+    assert opd.eos_policy(col, stop, "clamp", floor=0.5)[:, 0].tolist() == [-1, -2, -0.5]
+    assert opd.eos_policy(t(0.3, 0.2, 2.0)[:, None], stop, "clamp", floor=0.5)[:, 0].tolist() == [0.3, 0.2, 2.0]
     with pytest.raises(ValueError, match="eos-policy"):
-        opd.eos_policy(r, stop, "bogus")
+        opd.eos_policy(col, stop, "bogus")
+
+
+def test_eos_clamp_floors_the_tokens_total_over_topk():
+    # a stop token with 3 candidates each −4: per-candidate clamping would leave a total of −3·floor; the total is
+    # lifted to exactly −floor, the shift spread by the weights; the token above the floor and non-stop rows untouched
+    adv = t(-4.0, -4.0, -4.0, -0.1, 0.0, 0.0, -4.0, -4.0, -4.0).reshape(3, 3)
+    w = t(0.5, 0.3, 0.2, 1.0, 0.0, 0.0, 0.6, 0.2, 0.2).reshape(3, 3)
+    out = opd.eos_policy(adv, torch.tensor([True, True, False]), "clamp", floor=1.0, weights_NK=w)
+    assert out.sum(-1).tolist() == pytest.approx([-1.0, -0.1, -12.0])
+    assert out[0].tolist() == pytest.approx([-4 + 0.5 * 11, -4 + 0.3 * 11, -4 + 0.2 * 11])
+    assert out[1:].tolist() == adv[1:].tolist()
+
+
+def test_advantages_as_the_loop_builds_them():
+    # teachers scored at [sampled | 2 candidates]; student: sampled lp −0.5, candidates log(0.6), log(0.2)
+    post = t(-1.0, -0.2, -3.0)[None]
+    pre = t(-2.5, -1.2, -1.0)[None]
+    old_N, old_topk = t(-0.5), t(math.log(0.6), math.log(0.2))[None]
+    adv, dlt = opd.advantages("delta-sampled", {"pi_post": post, "pi_pre": pre}, old_N, old_topk[:, :0])
+    assert adv.tolist() == [[1.5]] and dlt.tolist() == [[1.5]]                 # log π_post − log π_pre, not reversed
+    adv, dlt = opd.advantages("delta-topk", {"pi_post": post, "pi_pre": pre}, old_N, old_topk)
+    assert dlt[0].tolist() == pytest.approx([1.0, -2.0])
+    assert adv[0].tolist() == pytest.approx([0.75 * 1.0, 0.25 * -2.0])           # w = (0.6, 0.2) renormalised
+    adv, dlt = opd.advantages("opd", {"teacher": t(-2.0, -9.0)[None]}, old_N, old_topk[:, :0])
+    assert adv.tolist() == [[-1.5]] and dlt.tolist() == [[-1.5]]                   # −(log π_θ − log π_T)
+    with pytest.raises(ValueError, match="--reward"):
+        opd.advantages("bogus", {}, old_N, old_topk)
+
+
+def test_update_loss_on_policy_by_hand():
+    lp = t(-1.0, -2.0).requires_grad_()
+    adv = t(0.3, -0.7)[:, None]
+    ref = t(-1.5, -2.0)
+    loss, pg_N, clipped, nlr, kl_N = opd.update_loss(lp[:, None], lp.detach()[:, None], adv, lp, ref, 2.0, 4.0)
+    k3 = math.exp(-0.5) + 0.5 - 1
+    assert loss.item() == pytest.approx((-0.3 + 0.7 + 2.0 * k3) / 4.0)
+    assert pg_N.tolist() == pytest.approx([-0.3, 0.7]) and clipped.sum() == 0 and nlr.abs().sum() == 0
+    assert kl_N.tolist() == pytest.approx([k3, 0.0])
+    loss.backward()
+    # ∂/∂lp: (−A + kl_coef · ∂k3/∂lp) / n,  ∂k3/∂lp = 1 − e^(ref − lp)
+    assert lp.grad.tolist() == pytest.approx([(-0.3 + 2.0 * (1 - math.exp(-0.5))) / 4, 0.7 / 4])
 
 
 def test_collapse_watch():

@@ -1,0 +1,185 @@
+"""One micro-batch of 03_opd_train's loop, through the script's own functions, against plain Hugging Face code.
+
+The script's step 2 (score_micro_batch), step 3 (opd.advantages) and step 4 (micro_batch_loss) run on real toy
+rollouts; the reference re-derives every quantity from `lm(input_ids).logits` with log_softmax, written here
+independently (top-K by torch.topk, PPO at ratio 1, k3 by its formula), and the two gradients must agree.
+"""
+import copy
+import importlib.util
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from helpers import REPO
+from lib import opd, registry, toy
+from lib.data import prompt_ids
+from lib.sampling import HFEngine, sample
+from lib.scoring import TokenScorer, pack
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+K = 4
+
+
+def load_03():
+    spec = importlib.util.spec_from_file_location("opd_train_03", REPO / "03_opd_train.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def world():
+    return make_world()
+
+
+def make_world():
+    """The toy pair, four training prompts and the student's own sampled rollouts of them, packed as 03 packs."""
+    toy.build()
+    tok = AutoTokenizer.from_pretrained(toy.model_dir("student"))
+    lms = {k: AutoModelForCausalLM.from_pretrained(toy.model_dir(k), dtype=torch.float32).eval()
+           for k in ("student", "pre", "post")}
+    rows, _ = registry.load_benchmark("toy_train", require_answer=False)
+    prompts = [prompt_ids(tok, r["problem"]) for r in rows[:4]]
+    outs = sample(HFEngine(copy.deepcopy(lms["student"]), tok, batch_size=8), prompts, list(range(4)),
+                  temperature=1.0, top_p=1.0, max_new_tokens=24, progress=False)
+    batch = pack(prompts, [o.token_ids for o in outs], tok.pad_token_id)
+    return dict(tok=tok, lms=lms, prompts=prompts, outs=outs, batch=batch, m03=load_03())
+
+
+def hf_logprobs(lm, batch, temperature=1.0):
+    """(N, V) log-softmax at each response position, from a plain forward (the reference side)."""
+    logits = lm(input_ids=batch.input_ids_BT, attention_mask=batch.attention_mask_BT).logits
+    return torch.log_softmax(logits[batch.rows_N, batch.cols_N].float() / temperature, -1)
+
+
+def reference_loss(reward, student_lm, lms, batch, kl_coef, topk_ids=None):
+    """The step's loss for one micro-batch written from scratch (on-policy: ratio = exp(lp − lp.detach()) = 1)."""
+    y = batch.targets_N[:, None]
+    lp_V = hf_logprobs(student_lm, batch)
+    with torch.no_grad():
+        post_V, pre_V, ref_V = (hf_logprobs(lms[k], batch) for k in ("post", "pre", "pre"))
+    if reward == "delta-topk":
+        ids = lp_V.detach().topk(K, -1).indices if topk_ids is None else topk_ids
+        w = torch.softmax(lp_V.detach().gather(1, ids), -1)
+        adv = w * (post_V.gather(1, ids) - pre_V.gather(1, ids))
+    elif reward == "delta-sampled":
+        ids, adv = y, post_V.gather(1, y) - pre_V.gather(1, y)
+    else:   # classic OPD: −clamp(log π_θ − log π_T, ±10) on the sampled token
+        ids, adv = y, -(lp_V.detach().gather(1, y) - post_V.gather(1, y)).clamp(-10, 10)
+    lp = lp_V.gather(1, ids)
+    pg = (-adv * torch.exp(lp - lp.detach())).sum()
+    x = (ref_V.gather(1, y)[:, 0] - lp_V.gather(1, y)[:, 0]).clamp(-20, 20)   # verl's low_var_kl clamps
+    k3 = (torch.exp(x) - x - 1).clamp(-10, 10).sum()
+    return (pg + kl_coef * k3) / len(y)
+
+
+def assert_grads_close(got: dict, lm, rel=1e-4):
+    """Every parameter's gradient within rel × that tensor's largest entry (fp32 sums in different orders)."""
+    for n, p in lm.named_parameters():
+        scale = p.grad.abs().max().item() + 1e-8
+        assert (got[n] - p.grad).abs().max().item() <= rel * scale, n
+
+
+def script_grads(world, reward, kl_coef, topk_ids=None):
+    m03, lms, batch = world["m03"], world["lms"], world["batch"]
+    student = TokenScorer(copy.deepcopy(lms["student"]), fused_linear=True)
+    teachers = ({"teacher": TokenScorer(lms["post"])} if reward == "opd"
+                else {"pi_post": TokenScorer(lms["post"]), "pi_pre": TokenScorer(lms["pre"])})
+    ref = TokenScorer(lms["pre"])              # a reference unlike the student, so the KL term has a gradient
+    mb = m03.score_micro_batch(student, teachers, ref, batch, K if reward == "delta-topk" else 0, world["outs"])
+    if topk_ids is not None:                   # candidates other than the student's own top-K: must be used as given
+        with torch.no_grad():
+            mb["topk_ids"], mb["old_topk"] = topk_ids, student(batch, None, topk_ids_NK=topk_ids)[2]
+            mb["lp_t"] = {k: m(batch, torch.cat([batch.targets_N[:, None], topk_ids], 1)) for k, m in teachers.items()}
+    mb["adv"], _ = opd.advantages(reward, mb["lp_t"], mb["old_N"], mb["old_topk"])
+    loss, *_ = m03.micro_batch_loss(student, mb, kl_coef, len(batch.targets_N), clip_eps=0.2)
+    loss.backward()
+    return loss.item(), {n: p.grad for n, p in student.lm.named_parameters()}
+
+
+@pytest.mark.parametrize("reward", opd.REWARDS)
+def test_micro_batch_gradient_equals_plain_hf(world, reward):
+    loss, got = script_grads(world, reward, kl_coef=0.7)
+    lm = copy.deepcopy(world["lms"]["student"])
+    want_loss = reference_loss(reward, lm, world["lms"], world["batch"], 0.7)
+    want_loss.backward()
+    assert loss == pytest.approx(want_loss.item(), rel=1e-5, abs=1e-6)
+    assert_grads_close(got, lm)
+    assert max(g.abs().max().item() for g in got.values()) > 0
+
+
+def test_update_uses_the_stored_candidates(world):
+    """Stored ids that are NOT the student's top-K: the update's gradient is the reference's at exactly those ids."""
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, world["lms"]["student"].config.vocab_size, (len(world["batch"].targets_N), K), generator=g)
+    _, got = script_grads(world, "delta-topk", kl_coef=0.0, topk_ids=ids)
+    lm = copy.deepcopy(world["lms"]["student"])
+    reference_loss("delta-topk", lm, world["lms"], world["batch"], 0.0, topk_ids=ids).backward()
+    assert_grads_close(got, lm)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_scorer_given_ids_temperature_and_entropy(world, fused):
+    """TokenScorer: given ids scored with grad = log_softmax(logits / T) at those ids; entropy of the same."""
+    lm, batch, T = copy.deepcopy(world["lms"]["student"]), world["batch"], 0.7
+    scorer = TokenScorer(lm, fused_linear=fused, temperature=T)
+    lp_N, chosen, topk_lp, ent = scorer(batch, None, topk=K)
+    want_V = hf_logprobs(lm, batch, T).detach()
+    assert torch.equal(chosen, want_V.topk(K, -1).indices)
+    torch.testing.assert_close(topk_lp, want_V.gather(1, chosen), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ent, -(want_V.exp() * want_V).sum(-1), atol=1e-5, rtol=1e-5)
+    ids = torch.randint(0, want_V.shape[1], chosen.shape, generator=torch.Generator().manual_seed(1))
+    lp2, _, given_lp, _ = scorer(batch, None, topk_ids_NK=ids)
+    assert torch.equal(lp2, lp_N)
+    torch.testing.assert_close(given_lp, want_V.gather(1, ids), atol=1e-5, rtol=1e-5)
+    wts = torch.randn(ids.shape, generator=torch.Generator().manual_seed(2))
+    (given_lp * wts).sum().backward()
+    got = {n: p.grad.clone() for n, p in lm.named_parameters()}
+    lm.zero_grad()
+    (hf_logprobs(lm, batch, T).gather(1, ids) * wts).sum().backward()
+    assert_grads_close(got, lm)
+    with torch.no_grad():
+        lp_NJ, ent_t = scorer(batch, ids, with_entropy=True)
+    torch.testing.assert_close(lp_NJ, want_V.gather(1, ids), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ent_t, ent, atol=1e-6, rtol=1e-6)
+
+
+def test_one_opd_step_raises_the_teachers_argmax(world):
+    """One optimizer step of classic OPD through 03's functions (AdamW as the loop's, at a step small enough to be
+    first-order: larger ones overshoot on this 0.8M-parameter model with tied embeddings, whichever the sign): the
+    student's log-prob of the teacher's argmax token, averaged over the rollouts' positions, goes up (+2.9e-4 here;
+    the sign-flipped reward moves it by −4.2e-4)."""
+    m03, lms, batch = world["m03"], world["lms"], world["batch"]
+    student = TokenScorer(copy.deepcopy(lms["student"]))
+    teacher = TokenScorer(lms["post"])
+    with torch.no_grad():
+        argmax = hf_logprobs(lms["post"], batch).argmax(-1, keepdim=True)
+
+    def on_argmax():
+        with torch.no_grad():
+            return hf_logprobs(student.lm, batch).gather(1, argmax).mean().item()
+
+    before = on_argmax()
+    mb = m03.score_micro_batch(student, {"teacher": teacher}, None, batch, 0, world["outs"])
+    mb["adv"], _ = opd.advantages("opd", mb["lp_t"], mb["old_N"], mb["old_topk"])
+    optim = torch.optim.AdamW(student.parameters(), lr=1e-5, weight_decay=0.01)
+    loss, *_ = m03.micro_batch_loss(student, mb, 0.0, len(batch.targets_N), clip_eps=0.2)
+    loss.backward()
+    optim.step()
+    after = on_argmax()
+    assert after > before + 1e-4, (before, after)
+
+
+def test_micro_batch_plan_by_token_budget():
+    plan = load_03().micro_batch_plan
+    lengths = [30, 100, 55, 60, 20, 250, 45]
+    assert plan(lengths, 3) == [[0, 1, 2], [3, 4, 5], [6]]                       # no budget: sampling order
+    got = plan(lengths, 3, max_tokens=150)
+    # longest first; rows × longest ≤ 150; 250 alone (over budget); every sequence exactly once
+    assert got == [[5], [1], [3, 2], [6, 0, 4]]
+    assert sorted(i for g in got for i in g) == list(range(len(lengths)))
+    assert all(len(g) * max(lengths[i] for i in g) <= 150 for g in got if len(g) > 1)
+    even = plan(lengths, 3, max_tokens=150, n_micro=6)                            # another rank planned 6
+    assert even == [[5], [1], [3], [2], [6], [0, 4]]                              # the most-padded split first
+    with pytest.raises(ValueError, match="micro-batches"):
+        plan(lengths, 3, max_tokens=150, n_micro=8)
