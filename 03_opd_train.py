@@ -47,11 +47,10 @@ import numpy as np
 import torch
 
 from lib import dist as D
-from lib import benchmarks, models, opd, registry, runs, tracking
-from lib.artifacts import (atomic_write_json, atomic_write_text, read_json, read_jsonl, read_manifest, wall_clock,
-                           write_manifest)
+from lib import benchmarks, models, opd, registry, runs, tracking, train_checkpoint
+from lib.artifacts import atomic_write_json, atomic_write_text, read_jsonl, wall_clock, write_manifest
 from lib.data import prompt_ids, require_rows, stable_seed
-from lib.scoring import TokenScorer, pack, score_ids
+from lib.scoring import TokenScorer, micro_batch_plan, pack, score_ids
 
 
 # --- config ---
@@ -181,80 +180,7 @@ def make_engine(args, student_path, tokenizer, d, bf16):
     return sampling.HFEngine(sampler_lm, tokenizer, batch_size=args.micro_batch * 8)
 
 
-# --- checkpoints ---
-
-def checkpoint(args, d, student, optim, kl, watch, step, out, resolved, sspec, run_dir, settings) -> float:
-    """Merged HF folder step_<step>/ (+ keep-last pruning), then the resume state; returns its wall time. Collective.
-    A full disk is one line that says so: the last complete checkpoint stays in place, the partial one is removed."""
-    t0 = time.monotonic()
-    runs.fault("before-checkpoint", step)
-    meta = {"run": out.name, "step": step, "pair": args.pair, "reward": args.reward,
-            "student_init": sspec.model, "campaign": run_dir.name}
-    ck = out / f"step_{step:06d}"
-    try:
-        sd = D.full_state_dict(student)
-        if d.main:
-            D.save_hf(sd, resolved["student"].path, ck, D.config_dtype(resolved["student"].path), meta)
-            done = sorted(p for p in out.glob("step_*") if p.name[5:].isdigit() and int(p.name[5:]) <= step)
-            for old in done[:-args.keep_last] if args.keep_last else []:
-                shutil.rmtree(old)
-        D.save_resume(student, optim, {"step": step, "kl_coef": kl.coef, "watch": watch.__dict__,
-                                       "torch_rng": torch.get_rng_state().tolist(), "args": settings},
-                      out / runs.RESUME)
-    except BaseException as e:      # torch.distributed.checkpoint's CheckpointException is a BaseException
-        need = 3 * 4 * sum(p.numel() for p in student.parameters())      # fp32 weights + two Adam moments
-        if isinstance(e, (KeyboardInterrupt, SystemExit)) or not runs.disk_full(e, out, need):
-            raise
-        for tmp in (ck.with_name(ck.name + ".tmp"), out / runs.RESUME_TMP):
-            shutil.rmtree(tmp, ignore_errors=True)
-        sys.exit(f"[03] the disk is full: the step {step} checkpoint (~{need / 2**20:.0f} MiB) could not be written "
-                 f"under {out} ({shutil.disk_usage(out).free / 2**20:.0f} MiB free once its partial files are "
-                 f"removed); free space, then rerun the same command (it continues from the last complete checkpoint)")
-    log(d, f"[03] saved {ck}")
-    return time.monotonic() - t0
-
-
-def decide(out: Path, settings: dict):
-    """Auto-resume: ("finished" | "resume" | "fresh", resume state). Different settings are refused; a finished run
-    asked for more steps continues from its last checkpoint."""
-    mode, src = runs.decide(out)
-    saved = read_manifest(out)["args"] if mode == "finished" else read_json(src / "loop_state.json")["args"] \
-        if mode == "resume" else None
-    if saved is not None and (diff := runs.settings_diff(saved, settings)):
-        sys.exit(f"{out} was {'run' if mode == 'finished' else 'started'} with other settings; rerun with the old "
-                 f"ones, or pass --run-name for a new run. Differing:\n" + "\n".join(diff))
-    if mode == "finished" and settings["steps"] > saved["steps"]:
-        mode, src = "resume", runs.resume_dir(out)
-        if src is None:
-            sys.exit(f"{out} is finished at --steps {saved['steps']} and holds no resume state to continue from; "
-                     f"pass --run-name for a new run")
-    return mode, src
 # --- one micro-batch of the loop (steps 2 and 4), functions so that tests run exactly this code ---
-
-def micro_batch_plan(lengths, max_seqs, max_tokens=None, n_micro=None):
-    """Which sequences go together: a list of index lists. Without a token budget, groups of max_seqs in sampling
-    order. With one, longest first, each group as many sequences as fit rows × longest ≤ max_tokens (a sequence over
-    the budget goes alone), so little is spent on padding. n_micro: split the most-padded groups until there are that
-    many (every rank must run the same number of forwards: FSDP gathers parameters collectively). The loss is a
-    token-mean over the GLOBAL batch, so how sequences are grouped never changes it."""
-    n = len(lengths)
-    if max_tokens is None:
-        plan = [list(range(c, min(c + max_seqs, n))) for c in range(0, n, max_seqs)]
-    else:
-        plan = []
-        for i in sorted(range(n), key=lambda i: (-lengths[i], i)):
-            if plan and (len(plan[-1]) + 1) * lengths[plan[-1][0]] <= max_tokens:   # plan[-1][0]: its longest
-                plan[-1].append(i)
-            else:
-                plan.append([i])
-    while n_micro is not None and len(plan) < n_micro:
-        j = max(range(len(plan)), key=lambda j: (len(plan[j]) > 1, len(plan[j]) * max(lengths[i] for i in plan[j])))
-        if len(plan[j]) < 2:
-            raise ValueError(f"cannot make {n_micro} micro-batches of {n} sequences")
-        half = len(plan[j]) // 2
-        plan[j:j + 1] = [plan[j][:half], plan[j][half:]]
-    return plan
-
 
 def score_micro_batch(student, teachers, ref, batch, K, completions):
     """Step 2, no grad: the student's own log-probs ("old": before this step's update), its top-K candidates when
@@ -303,7 +229,7 @@ def main(argv=None):
     if os.environ.get("RANK", "0") == "0" and os.environ.get("OPD_RUN_LOCKED") != str(out.resolve()):
         lock = runs.RunLock(out)                                    # noqa: F841  (held until the process exits)
         os.environ["OPD_RUN_LOCKED"] = str(out.resolve())
-    mode, src = decide(out, settings)
+    mode, src = train_checkpoint.decide(out, settings)
     if mode == "finished":
         print(f"[03] {out} is finished (manifest.json verified): nothing to do")
         return
@@ -526,10 +452,10 @@ def main(argv=None):
         stop_now = args.stop_on_collapse and watch.collapsed
         saved = step % args.save_every == 0 or step == end or stop_now
         if saved:
-            budget.checkpoint(checkpoint(args, d, student, optim, kl, watch, step, out, resolved, sspec, run_dir, settings))
+            budget.checkpoint(train_checkpoint.save(args, d, student, optim, kl, watch, step, out, resolved, sspec, run_dir, settings))
         if step < end and budget.exhausted():
             if not saved:
-                checkpoint(args, d, student, optim, kl, watch, step, out, resolved, sspec, run_dir, settings)
+                train_checkpoint.save(args, d, student, optim, kl, watch, step, out, resolved, sspec, run_dir, settings)
             stopped = "time_limit"
             log(d, f"[03] --time-limit {args.time_limit:g}s: step {step + 1} and a checkpoint are predicted to take "
                    f"{budget.predicted():.1f}s, past the budget; stopping after the step {step} checkpoint")

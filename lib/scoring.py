@@ -161,3 +161,28 @@ class TokenScorer(nn.Module):
 def score_ids(scorer: nn.Module, batch: Batch, ids_NK: torch.Tensor) -> torch.Tensor:
     """log π(ids_NK) under a frozen model (teacher or reference), fp32, shape (N, K)."""
     return scorer(batch, ids_NK)
+
+
+def micro_batch_plan(lengths, max_seqs, max_tokens=None, n_micro=None):
+    """Which sequences go together: a list of index lists. Without a token budget, groups of max_seqs in sampling
+    order. With one, longest first, each group as many sequences as fit rows × longest ≤ max_tokens (a sequence over
+    the budget goes alone), so little is spent on padding. n_micro: split the most-padded groups until there are that
+    many (every rank must run the same number of forwards: FSDP gathers parameters collectively). The loss is a
+    token-mean over the GLOBAL batch, so how sequences are grouped never changes it."""
+    n = len(lengths)
+    if max_tokens is None:
+        plan = [list(range(c, min(c + max_seqs, n))) for c in range(0, n, max_seqs)]
+    else:
+        plan = []
+        for i in sorted(range(n), key=lambda i: (-lengths[i], i)):
+            if plan and (len(plan[-1]) + 1) * lengths[plan[-1][0]] <= max_tokens:   # plan[-1][0]: its longest
+                plan[-1].append(i)
+            else:
+                plan.append([i])
+    while n_micro is not None and len(plan) < n_micro:
+        j = max(range(len(plan)), key=lambda j: (len(plan[j]) > 1, len(plan[j]) * max(lengths[i] for i in plan[j])))
+        if len(plan[j]) < 2:
+            raise ValueError(f"cannot make {n_micro} micro-batches of {n} sequences")
+        half = len(plan[j]) // 2
+        plan[j:j + 1] = [plan[j][:half], plan[j][half:]]
+    return plan

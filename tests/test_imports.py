@@ -33,7 +33,6 @@ OUTSIDE_DOC = re.compile(r"\bSPEC\b|\bshared/(?!data\b)\w")
 # test says it no longer holds.
 PENDING = {
     "cycles": {
-        frozenset({"lib.registry", "lib.toy", "lib.toy_task"}),        # h4: model resolution out of the registry
         frozenset({"lib.sampling", "lib.sampling_vllm"}),               # h7: the sampling cycle, one engine factory
     },
     "getattr": {"lib.sampling"},                                        # h7: sampling.VLLMEngine re-exported

@@ -171,7 +171,7 @@ def test_one_opd_step_raises_the_teachers_argmax(world):
 
 
 def test_micro_batch_plan_by_token_budget():
-    plan = load_03().micro_batch_plan
+    from lib.scoring import micro_batch_plan as plan
     lengths = [30, 100, 55, 60, 20, 250, 45]
     assert plan(lengths, 3) == [[0, 1, 2], [3, 4, 5], [6]]                       # no budget: sampling order
     got = plan(lengths, 3, max_tokens=150)
