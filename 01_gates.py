@@ -29,6 +29,7 @@ import sys
 import time
 from pathlib import Path
 
+from lib.cli import HelpFormatter
 from lib import anatomy, benchmarks, chat_template, gates, models, registry
 from lib.artifacts import (ArtifactError, atomic_write_json, atomic_write_text, read_json,
                            read_manifest, verify_dir, wall_clock, write_manifest)
@@ -38,7 +39,7 @@ GATES = ("tokenizer", "prompt_length", "context", "template", "anatomy")
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     a, D = p.add_argument, anatomy.Settings          # D: the anatomy's defaults, declared in lib/anatomy.py
     a("--pair", default="toy", choices=sorted(registry.PAIRS), help="teacher pair (DESIGN.md §2)")
     a("--student", default=None, help=f"student (default: the pair's): one of {sorted(registry.STUDENTS)}, "

@@ -16,20 +16,21 @@ import subprocess
 import sys
 from pathlib import Path
 
+from lib.cli import HelpFormatter
 from lib import models, registry
 
 EVAL = Path(__file__).resolve().parent / "04_eval.py"      # the one implementation of an eval unit
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--run-dir", required=True, help="campaign directory (runs/<name>)")
     p.add_argument("--pair", default="toy", choices=sorted(registry.PAIRS), help="teacher pair (DESIGN.md §2)")
     p.add_argument("--student", default=None, help=f"student (default: the pair's); one of {sorted(registry.STUDENTS)}")
     p.add_argument("--models", default="pi_pre,pi_post,student", help="which of pi_pre,pi_post,student to evaluate")
     p.add_argument("--backend", default="hf", choices=["hf", "vllm"], help="sampling backend")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="auto: fp32 on CPU, bf16 on CUDA")
-    p.add_argument("--batch-size", type=int, default=64, help="sequences per generate() call (hf backend)")
+    p.add_argument("--sample-batch", type=int, default=64, help="sequences per generate() call (hf backend)")
     p.add_argument("--limit-problems", type=int, default=None, help="probe: N evenly spaced problems per benchmark (a deviation)")
     p.add_argument("--grade-timeout", type=float, default=5.0, help="wall-clock bound per graded sample, seconds")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.85, help="vLLM's share of GPU memory")
@@ -51,8 +52,8 @@ def main(argv=None):
         print(f"[02_baselines] {role} = {name}: {len(pair.evals)} units", flush=True)
         for bench, proto in pair.evals:
             cmd = [sys.executable, str(EVAL), "--run-dir", str(args.run_dir), "--model", name, "--benchmark", bench,
-                   "--protocol", proto, "--backend", args.backend, "--dtype", args.dtype, "--batch-size",
-                   str(args.batch_size), "--grade-timeout", str(args.grade_timeout), "--gpu-memory-utilization",
+                   "--protocol", proto, "--backend", args.backend, "--dtype", args.dtype, "--sample-batch",
+                   str(args.sample_batch), "--grade-timeout", str(args.grade_timeout), "--gpu-memory-utilization",
                    str(args.gpu_memory_utilization), "--skip-if-exists"]
             if args.limit_problems is not None:
                 cmd += ["--limit-problems", str(args.limit_problems)]

@@ -46,6 +46,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from lib.cli import HelpFormatter
 from lib import dist as D
 from lib import benchmarks, models, opd, registry, runs, tracking, train_checkpoint
 from lib.artifacts import atomic_write_json, atomic_write_text, read_jsonl, wall_clock, write_manifest
@@ -56,7 +57,7 @@ from lib.scoring import TokenScorer, micro_batch_plan, pack, score_ids
 # --- config ---
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     a = p.add_argument
     a("--pair", default="toy", choices=sorted(registry.PAIRS), help="teacher pair (SPEC §2)")
     a("--student", default=None, help=f"student (default: the pair's): one of {sorted(registry.STUDENTS)}, "
@@ -94,7 +95,7 @@ def parse_args(argv=None):
     a("--max-tokens-per-micro", type=int, default=None,
       help="pack micro-batches by padded tokens instead (sequences sorted by length; overrides --micro-batch)")
     a("--backend", default="hf", choices=["hf", "vllm"], help="rollout engine: in-process torch/hf, or colocated vLLM")
-    a("--vllm-gpu-memory", type=float, default=0.3, help="vLLM's share of GPU memory when colocated")
+    a("--gpu-memory-utilization", type=float, default=0.3, help="vLLM's share of GPU memory (colocated with the trainer)")
     a("--activation-checkpointing", action="store_true", help="recompute decoder layers in backward")
     a("--compile", action="store_true", help="torch.compile each decoder layer of the student (torchtitan-style)")
     a("--scoring", default="fused-linear", choices=["fused-linear", "logits"],
@@ -174,7 +175,7 @@ def make_engine(args, student_path, tokenizer, d, bf16):
         multi = dict(data_parallel_size=d.world, distributed_executor_backend="external_launcher") if d.world > 1 else {}
         return sampling.VLLMEngine(str(student_path), dtype="bfloat16" if bf16 else "float32",
                                    max_model_len=args.max_prompt_len + args.max_response_len, tokenizer=tokenizer,
-                                   gpu_memory_utilization=args.vllm_gpu_memory, seed=args.seed,
+                                   gpu_memory_utilization=args.gpu_memory_utilization, seed=args.seed,
                                    enable_sleep_mode=d.device.type == "cuda", **multi)
     sampler_lm = load_lm(student_path, torch.bfloat16 if bf16 else torch.float32, d.device).eval()
     return sampling.HFEngine(sampler_lm, tokenizer, batch_size=args.micro_batch * 8)

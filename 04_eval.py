@@ -27,6 +27,7 @@ import os
 import time
 from pathlib import Path
 
+from lib.cli import HelpFormatter
 from lib import models, registry
 from lib.artifacts import ArtifactError, code_hashes, sha256_bytes, wall_clock
 from lib.data import assistant_header, prompt_ids, render_chat, dapo_prompt, stable_seed
@@ -36,7 +37,7 @@ PARTIAL = "generations.partial.jsonl"
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--run-dir", required=True, help="campaign directory (runs/<name>)")
     p.add_argument("--model", required=True, help="registry alias, hub id (owner/name[@revision]), or a model / checkpoint folder")
     p.add_argument("--revision", default=None, help="hub commit of --model (default: the registry's pin, else main)")
@@ -45,7 +46,7 @@ def parse_args(argv=None):
     p.add_argument("--protocol", required=True, choices=sorted(registry.PROTOCOLS), help="sampling protocol (DESIGN.md §5)")
     p.add_argument("--backend", default="hf", choices=["hf", "vllm"], help="sampling backend")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="auto: fp32 on CPU, bf16 on CUDA")
-    p.add_argument("--batch-size", type=int, default=64, help="sequences per generate() call (hf backend)")
+    p.add_argument("--sample-batch", type=int, default=64, help="sequences per generate() call (hf backend)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="override the model's cap (recorded as a deviation)")
     p.add_argument("--limit-problems", type=int, default=None, help="probe: the N evenly spaced problems (a deviation)")
     p.add_argument("--skip-if-exists", action="store_true", help="leave a finished unit with the same config untouched")
@@ -176,7 +177,7 @@ def main(argv=None):
     if existing_state(plan, args.skip_if_exists) == "done":
         print(f"[04_eval] {plan.out} exists with the same config and verified hashes: skipped (--skip-if-exists)")
         return plan.out
-    engine, tok, n_gpu = open_engine_for(plan, args.backend, args.dtype, args.batch_size, args.gpu_memory_utilization)
+    engine, tok, n_gpu = open_engine_for(plan, args.backend, args.dtype, args.sample_batch, args.gpu_memory_utilization)
     started, t0 = wall_clock()
     prompts = [prompt_ids(tok, r["problem"], **plan.chat_kwargs) for r in plan.rows]
     gate = context_gate(plan, prompts)

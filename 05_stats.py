@@ -32,6 +32,7 @@ import math
 import time
 from pathlib import Path
 
+from lib.cli import HelpFormatter
 from lib import stats
 from lib.artifacts import ArtifactError, atomic_write_json, read_json, sha256_file, verify_dir, wall_clock, write_manifest
 from lib.campaign import (CURVE_KEYS, collapse_watch, diagnostics, earlier_runs, find_runs, load_run, load_units,
@@ -39,7 +40,7 @@ from lib.campaign import (CURVE_KEYS, collapse_watch, diagnostics, earlier_runs,
 from lib.registry import PAIRS, PROTOCOLS, STUDENTS
 
 # --- args ---
-ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=HelpFormatter)
 ap.add_argument("--run-dir", required=True, help="campaign directory, e.g. runs/toy")
 ap.add_argument("--pair", default=None, choices=sorted(PAIRS),
                 help="teacher pair of the campaign; default: the pair recorded in the run summaries / eval manifests")

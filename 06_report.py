@@ -39,6 +39,7 @@ import re
 import time
 from pathlib import Path
 
+from lib.cli import HelpFormatter
 from lib import figures
 from lib.artifacts import (ArtifactError, atomic_write_json, atomic_write_text, read_json, sha256_file, verify_dir,
                            wall_clock, write_manifest)
@@ -54,7 +55,7 @@ REWARD_NAMES = {"opd": "classic OPD, one teacher", "delta-sampled": "Direct-OPD,
 REWARD_SHORT = {"opd": "OPD reward", "delta-sampled": "shift reward", "delta-topk": "weighted shift reward"}
 
 # --- args ---
-ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=HelpFormatter)
 ap.add_argument("--run-dir", required=True, help="campaign directory holding stats/ (run 05_stats.py first)")
 args = ap.parse_args()
 started, t0 = wall_clock()

@@ -47,6 +47,7 @@ from pathlib import Path
 
 import torch
 
+from lib.cli import HelpFormatter
 from lib import anatomy as lib_anatomy     # the shift anatomy of 01_gates, one driver for both stages
 from lib import benchmarks, models, raft, registry, runs, sft_fsdp
 from lib.artifacts import (atomic_write_json, atomic_write_jsonl, read_json, read_jsonl, read_manifest, sha256_bytes,
@@ -58,7 +59,7 @@ T_START = time.monotonic()         # --time-limit counts from here: the process 
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     a = p.add_argument
     a("--run-dir", required=True, help="campaign directory; outputs go to <run-dir>/raft/")
     a("--pair", default="toy", choices=sorted(registry.PAIRS), help="whose π_pre and training prompts (toy, toy-raft, raft, …)")
