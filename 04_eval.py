@@ -246,8 +246,8 @@ def load_engine(plan: Plan, backend: str, dtype: str, batch_size: int, gpu_memor
     cuda = torch.cuda.is_available()
     dt = {"auto": torch.bfloat16 if cuda else torch.float32, "float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
     if backend == "vllm":
-        engine = sampling.VLLMEngine(str(plan.model.path), dtype=str(dt).removeprefix("torch."),
-                                     max_model_len=context_limit(plan), gpu_memory_utilization=gpu_memory_utilization)
+        engine = sampling.load_engine("vllm", str(plan.model.path), tokenizer, dtype=str(dt).removeprefix("torch."),
+                                      max_model_len=context_limit(plan), gpu_memory_utilization=gpu_memory_utilization)
     else:
         from transformers import AutoModelForCausalLM
         model = AutoModelForCausalLM.from_pretrained(plan.model.path, dtype=dt).to("cuda" if cuda else "cpu").eval()
