@@ -217,6 +217,9 @@ class Decoder:
                     hpos[s], hstep[s] = min(hpos[s] + k, self.T - 1), hstep[s] + k
             done = self.done_S.tolist()                        # the one host sync per `sync_every` steps
             fin = [s for s in held if done[s]]
+            if k == 0 and len(fin) < len(held):
+                raise RuntimeError(f"decoder: slots {sorted(set(held) - set(fin))} ran {self.N} steps without "
+                                   "finishing; the device's step counts disagree with the host's (a bug in lib/decode)")
             if fin:
                 idx = torch.tensor(fin, device=self.device)
                 toks, lps, n = self.out_tok_SN[idx].tolist(), self.out_lp_SN[idx].tolist(), self.step_S[idx].tolist()
