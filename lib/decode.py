@@ -143,7 +143,7 @@ class Decoder:
     def _replay(self, kv_len: int):
         if not self.graphs_on:
             return self._step(kv_len)
-        key = (kv_len, self.greedy, self.use_top_p)
+        key = (kv_len, self.greedy, self.use_top_p, self.mode)
         if key not in self.graphs:      # capture; the warm-up step runs on live state, so it is undone after
             state = [self.tok_S, self.pos_S, self.step_S, self.done_S, self.out_tok_SN, self.out_lp_SN]
             saved = [t.clone() for t in state]
