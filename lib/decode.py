@@ -17,6 +17,8 @@ ours. Supported: model_type qwen2, llama, qwen3 (per-head q/k norms), full atten
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 import torch.nn.functional as F
 
@@ -31,12 +33,40 @@ def _rope(x, cos, sin):
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
+# The decode step's elementwise pieces, written as functions so that on CUDA each compiles to one fused kernel:
+# a small model's step is ~1,000 kernels, and at 2–4 µs each the launches, not the bytes, set its speed.
+
+def _rms(x, w, eps: float):
+    """RMSNorm as Qwen2 / Llama compute it: in fp32, the weight applied after the cast back."""
+    h = x.float()
+    return w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def _add_rms(x, d, w, eps: float):
+    """The residual add and the next norm: (x + d, rms(x + d))."""
+    x = x + d
+    return x, _rms(x, w, eps)
+
+
+def _rope2(q, k, cos, sin):
+    return _rope(q, cos, sin), _rope(k, cos, sin)
+
+
+def _silu_mul(g, u):
+    return F.silu(g) * u
+
+
+def _masked_softmax(w, mask, scale: float):
+    return torch.softmax(w.float().mul(scale).masked_fill(~mask, float("-inf")), -1).to(w.dtype)
+
+
 class Decoder:
     """Continuous-batching sampler over `slots` rows for prompts of ≤ max_len − max_new_tokens tokens."""
 
     def __init__(self, model, *, slots: int, max_len: int, max_new_tokens: int, stop_ids: list[int],
                  mode: str = "fast", cuda_graphs: bool | None = None, sync_every: int | None = None,
-                 kv_bucket: int | None = None, prefill_tokens: int = 65_536, attn_impl: str = "sdpa"):
+                 kv_bucket: int | None = None, prefill_tokens: int = 65_536, attn_impl: str | None = None,
+                 fuse: bool | None = None):
         cfg = model.config
         if cfg.model_type not in SUPPORTED or getattr(cfg, "use_sliding_window", False):
             raise TypeError(f"lib.decode runs full-attention {SUPPORTED} decoders; {type(model).__name__} "
@@ -50,7 +80,13 @@ class Decoder:
         self.graphs_on = cuda if cuda_graphs is None else cuda_graphs
         self.sync_every = sync_every or (16 if cuda else 1)
         self.kv_bucket = kv_bucket or (256 if cuda else 1)
-        self.prefill_tokens, self.attn_impl = prefill_tokens, attn_impl
+        self.prefill_tokens, self.attn_impl = prefill_tokens, attn_impl or ("matmul" if cuda else "sdpa")
+        self.eps, self.silu = cfg.rms_norm_eps, getattr(cfg, "hidden_act", None) == "silu"
+        fns = dict(rms=_rms, add_rms=_add_rms, rope2=_rope2, silu_mul=_silu_mul, masked_softmax=_masked_softmax)
+        if cuda if fuse is None else fuse:      # one kernel each, compiled once per shape (slot count, kv bucket)
+            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+            fns = {k: torch.compile(f, dynamic=False, fullgraph=True) for k, f in fns.items()}
+        self.fx = SimpleNamespace(**fns)
         kw = dict(device=self.device, dtype=self.dtype)
         self.k = [torch.zeros(slots, self.Hkv, max_len, self.D, **kw) for _ in self.layers]   # (S, H_kv, T, D)
         self.v = [torch.zeros_like(k) for k in self.k]
@@ -100,27 +136,34 @@ class Decoder:
         """(S, H_kv, G, D) queries against (S, H_kv, kv, D): SDPA, or two batched GEMMs (`attn_impl="matmul"`)."""
         if self.attn_impl == "sdpa":
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-        w = (q @ k.transpose(-1, -2)).float().mul_(scale).masked_fill_(~mask, float("-inf"))
-        return torch.softmax(w, -1).to(v.dtype) @ v
+        return self.fx.masked_softmax(q @ k.transpose(-1, -2), mask, scale) @ v
+
+    def _mlp(self, mlp, h):
+        if not self.silu:
+            return mlp(h)
+        return mlp.down_proj(self.fx.silu_mul(mlp.gate_proj(h), mlp.up_proj(h)))
 
     def _forward_decode(self, kv_len: int):
         """tok_S at pos_S for every slot: K/V written there, attention over [0, kv_len) masked to ≤ pos_S."""
-        S, G = self.S, self.H // self.Hkv
+        S, G, fx, L = self.S, self.H // self.Hkv, self.fx, len(self.layers)
         x = self.model.model.embed_tokens(self.tok_S)[:, None]            # (S, 1, E)
         cos, sin = self.cos[self.pos_S][:, None, None], self.sin[self.pos_S][:, None, None]   # (S, 1, 1, D)
         mask = (torch.arange(kv_len, device=self.device) <= self.pos_S[:, None])[:, None, None]  # (S, 1, 1, kv)
         at = self.pos_S[:, None, None, None].expand(S, self.Hkv, 1, self.D)
+        h = fx.rms(x, self.layers[0].input_layernorm.weight, self.eps)
         for l, layer in enumerate(self.layers):
             attn = layer.self_attn
-            q, k, v = self._qkv(attn, layer.input_layernorm(x), S, 1)
-            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+            q, k, v = self._qkv(attn, h, S, 1)
+            q, k = fx.rope2(q, k, cos, sin)
             self.k[l].scatter_(2, at, k)
             self.v[l].scatter_(2, at, v)
             o = self._attend(q.reshape(S, self.Hkv, G, self.D), self.k[l][:, :, :kv_len], self.v[l][:, :, :kv_len],
-                             mask, attn.scaling)
-            x = x + attn.o_proj(o.reshape(S, 1, self.H * self.D))         # (S, H_kv, G, D) = heads in HF order
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
-        return self._logits(x[:, 0])
+                             mask, attn.scaling)                            # (S, H_kv, G, D) = heads in HF order
+            x, h = fx.add_rms(x, attn.o_proj(o.reshape(S, 1, self.H * self.D)),
+                              layer.post_attention_layernorm.weight, self.eps)
+            nxt = self.layers[l + 1].input_layernorm if l + 1 < L else self.model.model.norm
+            x, h = fx.add_rms(x, self._mlp(layer.mlp, h), nxt.weight, self.eps)
+        return self.model.lm_head(h[:, 0])
 
     # --- one decode step: forward, draw, bookkeeping (graph-safe: no host sync) ---
 
