@@ -72,7 +72,7 @@ def check():
     N = 24
     res = {}
     for slots in (3, 7):
-        dec = Decoder(tiny, slots=slots, max_len=40, max_new_tokens=N, stop_ids=[400], attn_impl=args.attn)
+        dec = Decoder(tiny, slots=slots, max_len=40, max_new_tokens=N, stop_ids=[400], mode="fast", attn_impl=args.attn)
         res[("greedy", slots)] = dec.run(prompts, [0] * 7, temperature=0, top_p=1.0)
         for mode in ("fast", "exact"):
             dec.mode = mode
@@ -92,7 +92,7 @@ def logprob_gap(model, B=8, P=64, N=64):
     V = model.config.vocab_size
     g = torch.Generator().manual_seed(5)
     prompts = torch.randint(0, V, (B, P), generator=g).tolist()
-    dec = Decoder(model, slots=B, max_len=P + N, max_new_tokens=N, stop_ids=[V], attn_impl=args.attn)
+    dec = Decoder(model, slots=B, max_len=P + N, max_new_tokens=N, stop_ids=[V], mode="fast", attn_impl=args.attn)
     outs = dec.run(prompts, list(range(B)), temperature=1.0, top_p=1.0)
     ids = torch.tensor([pr + o[0] for pr, o in zip(prompts, outs)], device=args.device)
     with torch.no_grad():

@@ -3,8 +3,9 @@
     prefill   waiting prompts, right-padded, in one batched forward pass per refill; their K/V go into free slots
     decode    one token for every slot: forward (S, 1) → draw (lib/draw.py) → stop / cap bookkeeping, all on device;
               on CUDA each step is one replay of a captured CUDA graph (no host sync, no Python per kernel)
-    refill    every `sync_every` steps the host reads which slots finished, collects them and prefills waiting
-              requests into those slots (continuous batching: a long tail does not idle the batch)
+    refill    every `sync_every` steps the host reads which slots finished, collects them and, once ≥ 1/8 of the
+              slots are free, prefills waiting requests into them (continuous batching: a long tail does not idle
+              the batch; a finished slot still computes until it is refilled)
 
 The cache is preallocated, K and V each (S, H_kv, T_max, D) per layer, a slot's sequence starting at position 0 of
 its own row; a decode step attends over the first `kv_len` positions (kv_len rounded up to `kv_bucket`, one graph
@@ -64,7 +65,7 @@ class Decoder:
     """Continuous-batching sampler over `slots` rows for prompts of ≤ max_len − max_new_tokens tokens."""
 
     def __init__(self, model, *, slots: int, max_len: int, max_new_tokens: int, stop_ids: list[int],
-                 mode: str = "fast", cuda_graphs: bool | None = None, sync_every: int | None = None,
+                 mode: str, cuda_graphs: bool | None = None, sync_every: int | None = None,
                  kv_bucket: int | None = None, prefill_tokens: int = 65_536, attn_impl: str | None = None,
                  fuse: bool | None = None):
         cfg = model.config
@@ -80,6 +81,7 @@ class Decoder:
         self.graphs_on = cuda if cuda_graphs is None else cuda_graphs
         self.sync_every = sync_every or (16 if cuda else 1)
         self.kv_bucket = kv_bucket or (256 if cuda else 1)
+        self.refill_min = max(1, slots // 8)
         self.prefill_tokens, self.attn_impl = prefill_tokens, attn_impl or ("matmul" if cuda else "sdpa")
         self.eps, self.silu = cfg.rms_norm_eps, getattr(cfg, "hidden_act", None) == "silu"
         fns = dict(rms=_rms, add_rms=_add_rms, rope2=_rope2, silu_mul=_silu_mul, masked_softmax=_masked_softmax)
@@ -242,7 +244,8 @@ class Decoder:
         out: list = [None] * len(prompts)
         free = list(range(self.S))
         while True:
-            if free and waiting:                               # refill: one batched prefill for all free slots
+            if waiting and len(free) >= min(self.refill_min, len(waiting)) or free and waiting and not held:
+                # refill, one batched prefill for all free slots, once enough are free: a prefill costs a step
                 new = [(s, waiting.pop()) for s in free[:len(waiting)]]
                 self._prefill([s for s, _ in new], [prompts[r] for _, r in new], [seeds[r] for _, r in new])
                 for s, r in new:

@@ -17,7 +17,7 @@ its prompt, its seed and the model — never on its batch-mates — up to the lo
          ops each); its draws are the ones this project's `hf` backend always made, so eval units keep their samples.
   fast   inverse CDF: ONE uniform u = U(hash(s_r, t, 2^32 − 1)) per row and step; y_t = the first token (vocabulary
          order, or rank order under top-p) whose float32 cumulative probability exceeds u · (nucleus mass). A few
-         passes over the logits instead of 40 integer ops per entry: the rollout default on GPU.
+         passes over the logits instead of 40 integer ops per entry: for rollouts on GPU.
 
 The hash is 32-bit integer mixing in int64 tensors with every product < 2^59 (no signed-overflow UB).
 """

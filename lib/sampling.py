@@ -11,9 +11,11 @@ so the trainer can compare sampler and trainer log-probs on the realized tokens 
 The `hf` backend is lib/decode.py's decoder over the model's own modules: batched prefill, a static KV cache,
 continuous batching, on CUDA one CUDA-graph replay per token. Its draws (lib/draw.py) are keyed by (request seed,
 step) only, so a request's sample depends on its prompt, its seed and the model, not on its batch-mates (up to
-logit numerics), on CPU and GPU alike; T = 0 is greedy. `mode="fast"` (default) draws by inverse CDF from one
-uniform per token; `mode="exact"` by Gumbel-max over the vocabulary, the draws this backend made before it had its
-own loop (eval units that must keep their samples). The engines an engine factory builds, `load_engine`, share one
+logit numerics), on CPU and GPU alike; T = 0 is greedy. `mode="exact"` (default) draws by Gumbel-max over the
+vocabulary: the very draws this backend made before it had its own loop (measured on the toy student: 192 of 192
+completions identical), so eval units and the toy campaign keep their samples; `mode="fast"` draws by inverse CDF
+from one uniform per token, 1.2–1.9× the exact mode's tokens/s on an H200 (bench/RESULTS.md): pass it for GPU
+rollouts. The engines an engine factory builds, `load_engine`, share one
 interface: `update_weights(named_tensors)`, `sleep()`, `wake_up()`, `generate(...)` behind `sample(...)`.
 """
 from __future__ import annotations
@@ -50,7 +52,7 @@ class HFEngine:
     backend = "hf"
 
     def __init__(self, model_or_path, tokenizer, *, batch_size: int = 64, dtype="auto", device=None,
-                 stop_token_ids: list[int] | None = None, mode: str = "fast", cuda_graphs: bool | None = None):
+                 stop_token_ids: list[int] | None = None, mode: str = "exact", cuda_graphs: bool | None = None):
         if mode not in MODES:
             raise ValueError(f"HFEngine: unknown mode {mode!r}; choose one of {MODES}")
         if isinstance(model_or_path, torch.nn.Module):

@@ -106,7 +106,7 @@ def test_refuses_other_architectures_and_overlong_prompts(tiny):
     from transformers import GPT2Config, GPT2LMHeadModel
     gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50, n_positions=32))
     with pytest.raises(TypeError, match="backend 'vllm'"):
-        Decoder(gpt2, slots=2, max_len=16, max_new_tokens=4, stop_ids=[0])
-    dec = Decoder(tiny[1], slots=2, max_len=16, max_new_tokens=8, stop_ids=[0])
+        Decoder(gpt2, slots=2, max_len=16, max_new_tokens=4, stop_ids=[0], mode="fast")
+    dec = Decoder(tiny[1], slots=2, max_len=16, max_new_tokens=8, stop_ids=[0], mode="fast")
     with pytest.raises(ValueError, match="larger max_len"):
         dec.run([[5] * 9], [0], temperature=0, top_p=1.0)
