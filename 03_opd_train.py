@@ -173,10 +173,10 @@ def make_engine(args, student_path, tokenizer, d, bf16):
         # one engine per rank, colocated with the trainer; under torchrun each rank samples its own prompts
         # (vLLM's external launcher, data parallel): verified on 1 CPU process, not on multi-GPU (no vLLM there)
         multi = dict(data_parallel_size=d.world, distributed_executor_backend="external_launcher") if d.world > 1 else {}
-        return sampling.VLLMEngine(str(student_path), dtype="bfloat16" if bf16 else "float32",
-                                   max_model_len=args.max_prompt_len + args.max_response_len, tokenizer=tokenizer,
-                                   gpu_memory_utilization=args.gpu_memory_utilization, seed=args.seed,
-                                   enable_sleep_mode=d.device.type == "cuda", **multi)
+        return sampling.load_engine("vllm", str(student_path), tokenizer, dtype="bfloat16" if bf16 else "float32",
+                                    max_model_len=args.max_prompt_len + args.max_response_len,
+                                    gpu_memory_utilization=args.gpu_memory_utilization, seed=args.seed,
+                                    enable_sleep_mode=d.device.type == "cuda", **multi)
     sampler_lm = load_lm(student_path, torch.bfloat16 if bf16 else torch.float32, d.device).eval()
     return sampling.HFEngine(sampler_lm, tokenizer, batch_size=args.micro_batch * 8)
 

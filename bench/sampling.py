@@ -4,19 +4,16 @@ A random-init Qwen2-architecture model of a named shape samples `--n-seqs` seque
 from random prompts of `--prompt-len` tokens. The stop id is unreachable (= vocab size), so every method does the
 same work: n_seqs × new_tokens tokens. Each method runs once untimed on a small case (warm-up), then timed.
 
-    hf             lib.sampling.sample: greedy generate + the Gumbel-max processor (exact, per-request seeds)
-    hf_greedy      the same engine at T = 0 (the processor's cost = hf − hf_greedy)
+    hf             lib.sampling.sample: lib/decode.py's loop (fast inverse-CDF draws, per-request seeds)
+    hf_greedy      the same engine at T = 0 (the draw's cost = hf − hf_greedy)
     generate       model.generate(do_sample=True, temperature, top_p): transformers' own multinomial sampler
     generate_batch model.generate_batch (continuous batching, paged KV cache; return_logprobs=True)
 
 CPU:  python bench/sampling.py --shape toy --threads 1
-GPU:  python bench/sampling.py --shape qwen2.5-1.5b            (bf16 on cuda, 64 × 256: the SPEC §12 setting)
+GPU:  python bench/sampling.py --shape qwen2.5-1.5b            (bf16 on cuda, 64 × 256: the DESIGN.md §12 setting)
 
-Not built (a note for the GPU path): `generate` re-launches every kernel per token from Python with a dynamic KV cache,
-which is why it is ~100× below the bandwidth bound. A hand-written decode loop over a transformers StaticCache with
-the decode step under torch.compile(mode="reduce-overhead") (CUDA graphs) — fixed batch of left-padded rows, the
-GumbelMaxProcessor's `choose_tokens` inside the graph (it is pure tensor code, no host syncs) — is the likely next
-step if `hf` rollouts dominate step time where vLLM is absent; keep it behind HFEngine so `sample()` is unchanged.
+The decode loop this note once proposed is lib/decode.py (HFEngine's engine since issue 15); bench/rollout.py
+measures it against `generate` at the real shapes on the GPU.
 """
 from __future__ import annotations
 

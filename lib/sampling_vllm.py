@@ -1,4 +1,4 @@
-"""The `vllm` sampling backend: a real vLLM (v1) engine behind `lib.sampling.sample`.
+"""The `vllm` sampling backend: a real vLLM (v1) engine behind `lib.sampling.sample`, built by `lib.sampling.load_engine`.
 
 Per request: SamplingParams(temperature, top_p, max_tokens, seed, logprobs=0) — logprobs=0 returns the sampled
 token's log-prob only, and the engine is built with logprobs_mode="raw_logprobs" (log_softmax of the unscaled
@@ -21,7 +21,7 @@ from functools import partial
 
 from tqdm.auto import tqdm
 
-from lib.sampling import Completion, make_completion, stop_ids
+from lib.completion import Completion, make_completion, stop_ids
 
 
 def _repack_vocab_gemms(worker) -> None:

@@ -57,7 +57,8 @@ def main(job_path: str, out_path: str) -> None:
         run("greedy_perturbed", prompts, [0] * len(prompts), 0.0, 1.0)
         engine.update_weights(load_file(job["original"]).items())
         run("greedy_restored", prompts, [0] * len(prompts), 0.0, 1.0)
-        engine.sleep()
+        engine.sleep()      # on CPU a recorded no-op: the engine must still serve, asleep, with its weights
+        run("greedy_while_asleep", prompts, [0] * len(prompts), 0.0, 1.0)
         engine.wake_up()
         run("greedy_after_sleep", prompts, [0] * len(prompts), 0.0, 1.0)
     Path(out_path).write_text(json.dumps(out))
