@@ -134,6 +134,15 @@ def log(d: D.Dist, msg: str):
         print(msg, flush=True)
 
 
+def phase_peak_gb(d: D.Dist, cuda: bool) -> float | None:
+    """The peak memory PyTorch allocated since the last call (GiB), then reset: one number per phase of a step."""
+    if not cuda:
+        return None
+    gb = torch.cuda.max_memory_allocated(d.device) / 2**30
+    torch.cuda.reset_peak_memory_stats(d.device)
+    return gb
+
+
 # --- data: prompts rendered under the STUDENT's template; teachers score the same ids verbatim ---
 
 def load_prompts(args, pair, tokenizer, chat_kwargs, d):
@@ -178,7 +187,8 @@ def make_engine(args, student_path, tokenizer, d, bf16):
                                     gpu_memory_utilization=args.gpu_memory_utilization, seed=args.seed,
                                     enable_sleep_mode=d.device.type == "cuda", **multi)
     sampler_lm = load_lm(student_path, torch.bfloat16 if bf16 else torch.float32, d.device).eval()
-    return sampling.HFEngine(sampler_lm, tokenizer, batch_size=args.micro_batch * 8)
+    # GPU rollouts draw in lib/draw.py's fast mode; CPU runs keep the exact Gumbel-max draws of the eval units
+    return sampling.HFEngine(sampler_lm, tokenizer, batch_size=args.micro_batch * 8, mode="fast" if bf16 else "exact")
 
 
 # --- one micro-batch of the loop (steps 2 and 4), functions so that tests run exactly this code ---
@@ -316,10 +326,13 @@ def main(argv=None):
         lo = (step - 1) * B + d.rank * (B // W)                    # this rank's slice of the step's prompts
         mine = list(range(lo, lo + B // W))
 
-        # 1. rollouts from the current student: weights pushed into the engine, n samples per prompt
+        # 1. rollouts from the current student: weights pushed into the engine, n samples per prompt. Colocated vLLM
+        #    wakes its weights first, takes the trainer's, and only then allocates its KV cache
         if args.backend == "vllm":
-            engine.wake_up()
+            engine.wake_up(tags=["weights"])
         engine.update_weights(D.full_params(student))
+        if args.backend == "vllm":
+            engine.wake_up(tags=["kv_cache"])
         from lib.sampling import sample
         req_prompts = [prompts[i] for i in mine for _ in range(n)]
         req_seeds = [stable_seed(args.seed, "rollout", rows[i]["id"], j) for i in mine for j in range(n)]
@@ -327,7 +340,7 @@ def main(argv=None):
                       max_new_tokens=args.max_response_len, progress=False)
         if args.backend == "vllm":
             engine.sleep()
-        t_gen = time.monotonic()
+        t_gen, peak_gen = time.monotonic(), phase_peak_gb(d, bf16)
 
         # 2. scoring, no grad. "Old" log-probs = the student's scores of its own rollouts before this step's update:
         #    the PPO ratio's denominator (and the delta-topk weights). Teachers score [sampled | top-K] ids in one
@@ -358,7 +371,7 @@ def main(argv=None):
             if args.reward_center:
                 mb["adv"] = opd.center_reward(mb["adv"], reward_token_mean, w_NK)
             mb["adv"] = opd.eos_policy(mb["adv"], mb["is_stop_N"], args.eos_policy, args.eos_floor, w_NK)
-        t_score = time.monotonic()
+        t_score, peak_score = time.monotonic(), phase_peak_gb(d, bf16)
 
         # 4. update: PPO clipped surrogate + kl_coef · k3, token-mean over the GLOBAL batch; one optimizer step
         student.train()
@@ -382,7 +395,7 @@ def main(argv=None):
         else:
             optim.step()
         student.eval()
-        t_update = time.monotonic()
+        t_update, peak_update = time.monotonic(), phase_peak_gb(d, bf16)
 
         # 5. metrics (DESIGN.md §7.4): named sums across ranks, each metric beside the sums it divides
         pairs = torch.cat([mb["delta"].flatten() for mb in mbs])     # (token, candidate) log-ratios: the method's
@@ -435,7 +448,8 @@ def main(argv=None):
              "perf/micro_batch_sizes": [len(i) for i in plan],            # rank 0's
              "perf/padding_frac": 1 - sum(seq_lens) / sum(len(i) * max(seq_lens[j] for j in i) for i in plan),
              "perf/mfu": (6 * n_params * all_tokens / (t_update - t_score) / (peak * 1e12 * W)) if peak else None,
-             "memory/max_allocated_gb": torch.cuda.max_memory_allocated(d.device) / 2**30 if bf16 else None}
+             "memory/max_allocated_gb": max(peak_gen, peak_score, peak_update) if bf16 else None,
+             "memory/peak_gb_gen": peak_gen, "memory/peak_gb_score": peak_score, "memory/peak_gb_update": peak_update}
         events = watch.update(step, m["response_length/clip_ratio"], m["response_length/mean"])
         if d.main:
             with open(out / "metrics.jsonl", "a") as f:

@@ -69,13 +69,35 @@ class VLLMEngine:
                                "call update_weights only between sample() calls")
 
     def sleep(self, level: int = 1) -> None:
-        """Level 1: weights to host memory, KV cache dropped; no-op (see sleep_note) where unsupported."""
-        if self.sleep_note is None:
-            self.llm.sleep(level=level)
+        """Free the engine's GPU memory while the trainer works; no-op (see sleep_note) where unsupported.
 
-    def wake_up(self) -> None:
+        Level 1 (weights copied to host memory, KV cache dropped), not level 2 (weights discarded): level 2 also
+        discards buffers that no state dict carries (rotary tables, …), which a weight push cannot restore. The copy
+        of a 1.5B bf16 model costs ~0.2 s a step. How much this frees is measured and kept for `wake_up`."""
         if self.sleep_note is None:
-            self.llm.wake_up()
+            import torch
+            before = torch.cuda.mem_get_info()[0]
+            self.llm.sleep(level=level)
+            self.footprint = max(getattr(self, "footprint", 0), torch.cuda.mem_get_info()[0] - before)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Colocated wake, as verl and TRL do it: first hand the trainer's cached but unused blocks back to the device
+        (vLLM allocates outside PyTorch's caching allocator, which otherwise still holds the update's activations),
+        then check that what the engine freed at `sleep` fits, and refuse with the numbers if it does not.
+        `tags`: ["weights"] before a weight push, then ["kv_cache"]; None wakes both."""
+        if self.sleep_note is not None:
+            return
+        import torch
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info()
+        need = getattr(self, "footprint", 0) if tags in (None, ["weights"]) else 0
+        if need > free:
+            gib = 2 ** 30
+            raise RuntimeError(f"vLLM cannot wake: it needs {need / gib:.1f} GiB, {free / gib:.1f} GiB of {total / gib:.1f} "
+                               f"are free (the trainer holds {torch.cuda.memory_allocated() / gib:.1f} GiB). Lower "
+                               f"--gpu-memory-utilization, or the trainer's peak (--micro-batch, --max-tokens-per-micro, "
+                               f"--activation-checkpointing)")
+        self.llm.wake_up(tags=tags)
 
     def generate(self, prompts, seeds, *, temperature, top_p, max_new_tokens, progress) -> list[Completion]:
         from vllm import SamplingParams

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Colocated vLLM on one GPU (issue: the loop must survive every step). Run on the GPU machine, from the repo root,
+# with vLLM importable (see bench/RESULTS.md for how it was installed offline):
+#   OUT=/some/dir STEPS=20 bash bench/vllm_colocated.sh
+# Trains STEPS steps of delta-topk at random Qwen2.5-1.5B shapes (64 prompts × 4 rollouts × 400 new tokens) with
+# --backend vllm, then checks: exit status 0 (no OOM), every step logged, rollout/logprob_gap steady (a missed weight
+# push would make it jump: the engine would sample from stale weights), and the process gone within 30 s of its
+# last step. Writes $OUT/vllm_metrics.jsonl and $OUT/vllm_train.log.
+set -uo pipefail
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 VLLM_USE_FLASHINFER_SAMPLER=0
+OUT=${OUT:-/tmp/out}; STEPS=${STEPS:-20}; mkdir -p "$OUT"
+RUN=/tmp/vllm-colocated; rm -rf "$RUN"
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/device.txt"
+timeout 540 python3 03_opd_train.py --pair shape-1.5b --run-dir "$RUN" --reward delta-topk --steps "$STEPS" \
+  --batch-prompts 64 --rollouts 4 --max-response-len 400 --micro-batch 16 --compile --backend vllm \
+  --gpu-memory-utilization 0.3 --save-every 1000 --lr 1e-6 2>&1 | grep -v Warn | tee "$OUT/vllm_train.log"
+rc=${PIPESTATUS[0]}; t_exit=$(date +%s.%N)
+M="$RUN/train/delta-topk/metrics.jsonl"; cp "$M" "$OUT/vllm_metrics.jsonl" 2>/dev/null
+python3 - "$M" "$STEPS" "$rc" "$t_exit" "$(stat -c %Y "$M" 2>/dev/null || echo 0)" <<'PY'
+import json, statistics, sys
+path, steps, rc, t_exit, t_last = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
+rows = [json.loads(l) for l in open(path)] if t_last else []
+gap = [r["rollout/logprob_gap"] for r in rows]
+keys = ["timing_s/gen", "timing_s/score", "timing_s/update", "timing_s/step", "perf/mfu", "memory/peak_gb_gen",
+        "memory/peak_gb_score", "memory/peak_gb_update"]
+for r in rows:
+    print(f"step {r['step']:>3} " + " ".join(f"{k.split('/')[1]} {r[k]:.2f}" for k in keys if r.get(k) is not None)
+          + f" gap {r['rollout/logprob_gap']:.4f}")
+steady = rows[2:] or rows
+med = {k: statistics.median(r[k] for r in steady) for k in keys if steady and steady[0].get(k) is not None}
+print("median over steps 3..:", json.dumps({k: round(v, 3) for k, v in med.items()}))
+checks = {"exit status 0 (no OOM)": rc == 0, f"{steps} steps logged": len(rows) == steps,
+          "logprob gap steady (max <= 3 x median)": bool(gap) and max(gap) <= 3 * statistics.median(gap),
+          "exited within 30 s of the last step": t_last > 0 and t_exit - t_last <= 30}
+for k, v in checks.items():
+    print(("PASS " if v else "FAIL ") + k)
+print(f"exit {t_exit - t_last:.1f} s after the last metrics line")
+sys.exit(0 if all(checks.values()) else 1)
+PY
