@@ -15,6 +15,8 @@ import gc
 import importlib
 import sys
 
+from lib.cpu_repro import pin_if_toy
+pin_if_toy(sys.argv)  # the toy world's CPU math is pinned before torch is imported (lib/cpu_repro.py)
 from lib import registry
 
 eval04 = importlib.import_module("04_eval")   # the one implementation of an eval unit

@@ -22,10 +22,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lib.cpu_repro import pin_if_toy
+pin_if_toy(sys.argv)  # the toy world's CPU math is pinned before torch is imported (lib/cpu_repro.py)
 from lib import registry
 from lib.artifacts import (ArtifactError, atomic_write_json, atomic_write_jsonl, code_hashes, read_json,
                            sha256_bytes, sha256_file, verify_dir, wall_clock, write_manifest)

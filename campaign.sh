@@ -3,6 +3,7 @@
 #
 #   bash campaign.sh                                   # the toy world on this CPU (the default) → runs/toy/report/
 #   PAIR=openthinker NPROC=4 BACKEND=vllm bash campaign.sh                 # a real pair on 4 GPUs
+#   SEEDS="42 1 2 3" bash campaign.sh                  # training seeds per reward (toy default "42 1 2")
 #
 # Every stage skips what is already done (finished eval units, finished training runs) and refuses files whose
 # hashes no longer match their manifest, so a killed campaign is continued by running the same command again.
@@ -13,6 +14,8 @@ PAIR=${PAIR:-toy}
 RUN=${RUN:-runs/$PAIR}
 NPROC=${NPROC:-1}
 BACKEND=${BACKEND:-hf}
+# Training seeds per reward (the toy: three, so that a gain must hold beyond one run's noise; a real pair: one)
+if [ "$PAIR" = toy ]; then SEEDS=${SEEDS:-42 1 2}; else SEEDS=${SEEDS:-42}; fi
 export PYTHONUNBUFFERED=1
 
 if [ "$PAIR" = toy ]; then
@@ -31,8 +34,8 @@ else
   RAFT_FLAGS=""
 fi
 
-echo "== 0. the toy world (cached by a hash of its code) =="
-if [ "$PAIR" = toy ]; then python -c "from lib import toy; print(toy.build())"; fi
+echo "== 0. the toy world (cached by a hash of its code; checked against the committed lib/toy_world.sha256) =="
+if [ "$PAIR" = toy ]; then python -c "from lib import toy; print(toy.build()); print(toy.check_expected(toy.world())[1])"; fi
 
 if [ "$PAIR" = raft ]; then   # the pair's π_post IS the RAFT teacher: make it before anything reads it
   echo "== 7. RAFT teacher (π_post of this pair) =="
@@ -45,20 +48,28 @@ python 01_gates.py --run-dir "$RUN" --pair "$PAIR" --backend "$BACKEND"
 echo "== 2. baselines: π_pre, π_post and the initial student on every benchmark and protocol =="
 python 02_baselines.py --run-dir "$RUN" --pair "$PAIR" --backend "$BACKEND"
 
-echo "== 3. training: classic OPD from the stronger teacher, then Direct-OPD with both rewards =="
+echo "== 3. training: classic OPD from the stronger teacher, then Direct-OPD with both rewards, each for every seed =="
+# Seed 42's run is train/<reward> with every checkpoint evaluated (the curves); another seed S's is
+# train/<reward>-seed<S>, its last checkpoint evaluated: the per-seed and pooled gains of the report.
 for REWARD in opd delta-sampled delta-topk; do
-  OUT="$RUN/train/$REWARD"
-  if [ -f "$OUT/manifest.json" ]; then
-    echo "$OUT is finished: skipped"
-  else
-    RESUME=""; [ -d "$OUT/resume" ] && RESUME="--resume"
-    python 03_opd_train.py --nproc "$NPROC" --pair "$PAIR" --run-dir "$RUN" --reward "$REWARD" $TRAIN_FLAGS $RESUME
-  fi
-  echo "== 4. evaluating the $REWARD checkpoints =="
-  for CKPT in "$OUT"/step_*/; do
-    for EVAL in $CKPT_EVALS; do
-      python 04_eval.py --run-dir "$RUN" --model "$CKPT" --benchmark "${EVAL%%:*}" --protocol "${EVAL##*:}" \
-        --backend "$BACKEND" --skip-if-exists
+  for SEED in $SEEDS; do
+    NAME=$REWARD; [ "$SEED" = 42 ] || NAME="$REWARD-seed$SEED"
+    OUT="$RUN/train/$NAME"
+    if [ -f "$OUT/manifest.json" ]; then
+      echo "$OUT is finished: skipped"
+    else
+      RESUME=""; [ -d "$OUT/resume" ] && RESUME="--resume"
+      python 03_opd_train.py --nproc "$NPROC" --pair "$PAIR" --run-dir "$RUN" --reward "$REWARD" --seed "$SEED" \
+        --run-name "$NAME" $TRAIN_FLAGS $RESUME
+    fi
+    echo "== 4. evaluating the $NAME checkpoints =="
+    CKPTS=$(ls -d "$OUT"/step_*/ | sort -V)
+    [ "$SEED" = 42 ] || CKPTS=$(echo "$CKPTS" | tail -n 1)
+    for CKPT in $CKPTS; do
+      for EVAL in $CKPT_EVALS; do
+        python 04_eval.py --run-dir "$RUN" --model "$CKPT" --benchmark "${EVAL%%:*}" --protocol "${EVAL##*:}" \
+          --backend "$BACKEND" --skip-if-exists
+      done
     done
   done
 done
