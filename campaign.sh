@@ -3,7 +3,7 @@
 #
 #   bash campaign.sh                                   # the toy world on this CPU (the default) → runs/toy/report/
 #   PAIR=openthinker NPROC=4 BACKEND=vllm bash campaign.sh                 # a real pair on 4 GPUs
-#   SEEDS="42 1 2 3" JOBS=1 bash campaign.sh           # training seeds per reward (toy: "42 1 2"), runs at once (toy: 2)
+#   SEEDS="42 1 2 3" JOBS=1 bash campaign.sh           # seeds per reward (toy: "42 1 2"), runs at once (toy: 2)
 #
 # Every stage skips what is already done (finished eval units, finished training runs) and refuses files whose
 # hashes no longer match their manifest, so a killed campaign is continued by running the same command again.
