@@ -1,5 +1,6 @@
-r"""The toy world (SPEC §10): a synthetic arithmetic task, a chat tokenizer and four tiny Qwen2 models, built on a
-2-core CPU in ~5 minutes (idle), deterministically and the same on every x86-64 CPU, and cached under `<cache>/toy/<world_hash>/`.
+r"""The toy world (DESIGN.md §10): a synthetic arithmetic task, a chat tokenizer and four tiny Qwen2 models, built on
+a 2-core CPU in ~5 minutes (idle), deterministically and the same on every x86-64 CPU (lib/cpu_repro.py), and
+cached under `<cache>/toy/<world_hash>/`.
 
 The task, its solutions and the tokenizer: lib/toy_task.py. This file trains the models on them.
 
@@ -12,8 +13,10 @@ Models: tiny `Qwen2ForCausalLM`, fp32, tied embeddings, head_dim 64 (a head size
                      solutions are off by one (SLIP), the chain going on from the wrong value. Greedy it knows
                      level 1 and half of the held-out level 2 (90/59/34/7 % on levels 1-4, this pinned build;
                      an earlier, unpinned build of 50 test problems a level reached 98/96/18 %), and sampled at
-                     T 0.7 it slips more. That is the gap classic OPD closes: the teachers put ~0 on a slipped digit, the student's
-                     own samples hold many, and each fix is a fact shared by every level. A careful student
+                     T 0.7 it slips more (sample4: 67.5/41.7/25.5/10.2 %). The gap classic OPD was to close: the
+                     teachers put ~0 on a slipped digit, the student's own samples hold many, and each fix is a
+                     fact shared by every level. On this build it did not, at the campaign's toy flags: the gain at
+                     steps 15 and 30 is ~0 (level 1 lost ~20 pp, levels 2-3 gained ~3 pp). A careful student
                      (100/98/40 %) gained only on level 3 under OPD (+9 pp) and lost its memorised level 1 to
                      operand-copying drift (-21 pp), so its overall gain never cleared 0. Half its solutions end in
                      its own `\boxed{}` style, half with the answer line: OPD can only reinforce what the student
