@@ -15,8 +15,9 @@ Models: tiny `Qwen2ForCausalLM`, fp32, tied embeddings, head_dim 64 (a head size
                      an earlier, unpinned build of 50 test problems a level reached 98/96/18 %), and sampled at
                      T 0.7 it slips more (sample4: 67.5/41.7/25.5/10.2 %). The gap classic OPD was to close: the
                      teachers put ~0 on a slipped digit, the student's own samples hold many, and each fix is a
-                     fact shared by every level. On this build it did not, at the campaign's toy flags: the gain at
-                     steps 15 and 30 is ~0 (level 1 lost ~20 pp, levels 2-3 gained ~3 pp). A careful student
+                     fact shared by every level. On this build it did not, at the campaign's toy flags: over seeds
+                     42/1/2 the gain is ~0 at steps 15, 30 and 45 (pooled @45 +0.65 pp [-1.25, +2.55]): level 1
+                     lost ~20 pp, level 2 gained 4-14 pp. A careful student
                      (100/98/40 %) gained only on level 3 under OPD (+9 pp) and lost its memorised level 1 to
                      operand-copying drift (-21 pp), so its overall gain never cleared 0. Half its solutions end in
                      its own `\boxed{}` style, half with the answer line: OPD can only reinforce what the student
