@@ -29,6 +29,8 @@ import sys
 import time
 from pathlib import Path
 
+from lib.cpu_repro import pin_if_toy
+pin_if_toy(sys.argv)  # the toy world's CPU math is pinned before torch is imported (lib/cpu_repro.py)
 from lib.cli import HelpFormatter
 from lib import anatomy, benchmarks, chat_template, gates, models, registry
 from lib.artifacts import (ArtifactError, atomic_write_json, atomic_write_text, read_json,

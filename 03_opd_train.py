@@ -43,6 +43,8 @@ import sys
 import time
 from pathlib import Path
 
+from lib.cpu_repro import pin_if_toy
+pin_if_toy(sys.argv)  # the toy world's CPU math is pinned before torch is imported (lib/cpu_repro.py)
 import numpy as np
 import torch
 

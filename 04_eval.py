@@ -24,9 +24,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
+from lib.cpu_repro import pin_if_toy
+pin_if_toy(sys.argv)  # the toy world's CPU math is pinned before torch is imported (lib/cpu_repro.py)
 from lib.cli import HelpFormatter
 from lib import models, registry
 from lib.artifacts import ArtifactError, code_hashes, sha256_bytes, wall_clock

@@ -3,6 +3,7 @@
 #
 #   bash campaign.sh                                   # the toy world on this CPU (the default) → runs/toy/report/
 #   PAIR=openthinker NPROC=4 BACKEND=vllm bash campaign.sh                 # a real pair on 4 GPUs
+#   SEEDS="42 1 2 3" JOBS=1 bash campaign.sh           # seeds per reward (toy: "42 1 2"), runs at once (toy: 2)
 #
 # Every stage skips what is already done (finished eval units, finished training runs) and refuses files whose
 # hashes no longer match their manifest, so a killed campaign is continued by running the same command again.
@@ -13,6 +14,10 @@ PAIR=${PAIR:-toy}
 RUN=${RUN:-runs/$PAIR}
 NPROC=${NPROC:-1}
 BACKEND=${BACKEND:-hf}
+# Training seeds per reward (the toy: three, so that a gain must hold beyond one run's noise; a real pair: one)
+if [ "$PAIR" = toy ]; then SEEDS=${SEEDS:-42 1 2}; else SEEDS=${SEEDS:-42}; fi
+# Training runs at once (the toy: two one-thread processes on a 2-core machine; a real pair: one, on all GPUs)
+if [ "$PAIR" = toy ]; then JOBS=${JOBS:-2}; else JOBS=${JOBS:-1}; fi
 export PYTHONUNBUFFERED=1
 
 # one campaign per run dir: a flock held (by this shell and every stage it starts) until the campaign ends
@@ -40,8 +45,10 @@ else
   RAFT_FLAGS=""
 fi
 
-echo "== 0. the toy world (cached by a hash of its code) =="
-if [ "$PAIR" = toy ]; then python -c "from lib import toy; print(toy.build())"; fi
+echo "== 0. the toy world (cached by a hash of its code; checked against the committed lib/toy_world.sha256) =="
+if [ "$PAIR" = toy ]; then
+  python -c "from lib import toy; print(toy.build()); print(toy.check_expected(toy.world())[1])"
+fi
 
 if [ "$PAIR" = raft ]; then   # the pair's π_post IS the RAFT teacher: make it before anything reads it
   echo "== 7. RAFT teacher (π_post of this pair) =="
@@ -54,23 +61,53 @@ python 01_gates.py --run-dir "$RUN" --pair "$PAIR" --backend "$BACKEND"
 echo "== 2. baselines: π_pre, π_post and the initial student on every benchmark and protocol =="
 python 02_baselines.py --run-dir "$RUN" --pair "$PAIR" --backend "$BACKEND"
 
-echo "== 3. training: classic OPD from the stronger teacher, then Direct-OPD with both rewards =="
-for REWARD in opd delta-sampled delta-topk; do
-  OUT="$RUN/train/$REWARD"
+echo "== 3. training: classic OPD from the stronger teacher, then Direct-OPD with both rewards, each for every seed =="
+# Seed 42's run is train/<reward> with every checkpoint evaluated (the curves); another seed S's is
+# train/<reward>-seed<S>, its last checkpoint evaluated: the per-seed and pooled gains of the report.
+train_and_eval() {   # REWARD SEED: one training run, then its checkpoints' eval units
+  local REWARD=$1 SEED=$2 NAME OUT RESUME CKPTS CKPT EVAL
+  NAME=$REWARD; [ "$SEED" = 42 ] || NAME="$REWARD-seed$SEED"
+  OUT="$RUN/train/$NAME"
   if [ -f "$OUT/manifest.json" ]; then
     echo "$OUT is finished: skipped"
   else
     # the same command starts, continues (from the last complete checkpoint) or seals a killed run
-    python 03_opd_train.py --nproc "$NPROC" --pair "$PAIR" --run-dir "$RUN" --reward "$REWARD" $TRAIN_FLAGS
+    python 03_opd_train.py --nproc "$NPROC" --pair "$PAIR" --run-dir "$RUN" --reward "$REWARD" --seed "$SEED" \
+      --run-name "$NAME" $TRAIN_FLAGS
   fi
-  echo "== 4. evaluating the $REWARD checkpoints =="
-  for CKPT in "$OUT"/step_*/; do
+  echo "== 4. evaluating the $NAME checkpoints =="
+  CKPTS=$(ls -d "$OUT"/step_*/ | sort -V)
+  [ "$SEED" = 42 ] || CKPTS=$(echo "$CKPTS" | tail -n 1)
+  for CKPT in $CKPTS; do
     for EVAL in $CKPT_EVALS; do
       python 04_eval.py --run-dir "$RUN" --model "$CKPT" --benchmark "${EVAL%%:*}" --protocol "${EVAL##*:}" \
         --backend "$BACKEND" --skip-if-exists
     done
   done
-done
+}
+if [ "$JOBS" -le 1 ]; then
+  for REWARD in opd delta-sampled delta-topk; do for SEED in $SEEDS; do train_and_eval "$REWARD" "$SEED"; done; done
+else   # JOBS runs at once, each a one-thread process (the toy's pinned CPU math), its output in $RUN/logs/
+  mkdir -p "$RUN/logs"
+  STARTED=()
+  for REWARD in opd delta-sampled delta-topk; do
+    for SEED in $SEEDS; do
+      NAME=$REWARD; [ "$SEED" = 42 ] || NAME="$REWARD-seed$SEED"
+      while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do sleep 1; done
+      echo "   $NAME: training and evaluating (log: $RUN/logs/$NAME.log)"
+      train_and_eval "$REWARD" "$SEED" > "$RUN/logs/$NAME.log" 2>&1 &
+      STARTED+=("$!:$NAME")
+    done
+  done
+  FAILED=""
+  for JOB in "${STARTED[@]}"; do   # every run is waited for; a failed one stops the campaign after the others
+    if wait "${JOB%%:*}"; then echo "   ${JOB#*:}: done"; else FAILED="$FAILED ${JOB#*:}"; fi
+  done
+  if [ -n "$FAILED" ]; then
+    for NAME in $FAILED; do echo "$NAME failed: see $RUN/logs/$NAME.log" >&2; done
+    exit 1
+  fi
+fi
 
 if [ -n "$RAFT_PAIR" ]; then
   echo "== 7. RAFT teacher: π_pre's own verified samples, SFT, probes; then its eval units (gate G2 in 05) =="

@@ -23,6 +23,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from lib import cpu_repro
+
 REPO = Path(__file__).resolve().parent.parent
 MANIFEST = "manifest.json"
 
@@ -187,7 +189,7 @@ def write_manifest(out_dir: str | Path, *, stage: str, script: str | Path, args:
         "inputs": {k: v if isinstance(v, dict) else input_record(v) for k, v in inputs.items()},
         "outputs": out, "started": started, "ended": now_iso(), "wall_s": round(wall_s, 3),
         "gpu_s": round(gpu_s, 3), "host": platform.node(), "devices": devices(),
-        "python": sys.version.split()[0], **(extra or {}),
+        "python": sys.version.split()[0], "cpu_repro": cpu_repro.record(), **(extra or {}),
     }
     return atomic_write_json(out_dir / MANIFEST, manifest)
 

@@ -1,5 +1,6 @@
-r"""The toy world (SPEC §10): a synthetic arithmetic task, a chat tokenizer and four tiny Qwen2 models, built on a
-2-core CPU in under 5 minutes, deterministically, and cached under `<cache>/toy/<world_hash>/`.
+r"""The toy world (DESIGN.md §10): a synthetic arithmetic task, a chat tokenizer and four tiny Qwen2 models, built on
+a 2-core CPU in ~5 minutes (idle), deterministically and the same on every x86-64 CPU (lib/cpu_repro.py), and
+cached under `<cache>/toy/<world_hash>/`.
 
 The task, its solutions and the tokenizer: lib/toy_task.py. This file trains the models on them.
 
@@ -9,10 +10,14 @@ Models: tiny `Qwen2ForCausalLM`, fp32, tied embeddings, head_dim 64 (a head size
     post             pre fine-tuned on levels 1-3: the capability the shift pre → post carries
     student          3 layers × 128 (a different size), from scratch on levels 1-2 plus a little level 3 (weight
                      0.3 of a level's, ~13 % of its problems), and careless: a quarter of the clauses of its SFT
-                     solutions are off by one (SLIP), the chain going on from the wrong value. Greedy it is mostly
-                     right (98/96/18 % on levels 1-3); sampled at T 0.7 it slips (sample4: 78.5/59/17/9 % on levels
-                     1-4). That is the gap classic OPD closes: the teachers put ~0 on a slipped digit, the student's
-                     own samples hold many, and each fix is a fact shared by every level. A careful student
+                     solutions are off by one (SLIP), the chain going on from the wrong value. Greedy it knows
+                     level 1 and half of the held-out level 2 (90/59/34/7 % on levels 1-4, this pinned build;
+                     an earlier, unpinned build of 50 test problems a level reached 98/96/18 %), and sampled at
+                     T 0.7 it slips more (sample4: 67.5/41.7/25.5/10.2 %). The gap classic OPD was to close: the
+                     teachers put ~0 on a slipped digit, the student's own samples hold many, and each fix is a
+                     fact shared by every level. On this build it did not, at the campaign's toy flags: over seeds
+                     42/1/2 the gain is ~0 at steps 15, 30 and 45 (pooled @45 +0.65 pp [-1.25, +2.55]): level 1
+                     lost ~20 pp, level 2 gained 4-14 pp. A careful student
                      (100/98/40 %) gained only on level 3 under OPD (+9 pp) and lost its memorised level 1 to
                      operand-copying drift (-21 pp), so its overall gain never cleared 0. Half its solutions end in
                      its own `\boxed{}` style, half with the answer line: OPD can only reinforce what the student
@@ -22,9 +27,11 @@ Models: tiny `Qwen2ForCausalLM`, fp32, tied embeddings, head_dim 64 (a head size
                      eval cap and `<|im_end|>` is never a target (the source report's termination sink, as a
                      teacher), so log p(<|im_end|>) at an answer end is very negative: the gates' negative control.
 
-Build: two processes of one torch thread each (the student trains beside pre → post → post-offsupport); every
-random choice derives from SEED and one thread fixes the float reduction order, so two builds on one machine are
-byte-identical (tests/test_toy.py); world.json records each model's sha256.
+Build: two worker processes of one torch thread each (the student trains beside pre → post → post-offsupport), their
+CPU math pinned (lib/cpu_repro.py: ATen's baseline kernels, MKL's COMPATIBLE branch, oneDNN off); every random
+choice derives from SEED, so two builds are byte-identical, on one machine and (as far as the libraries allow) on
+any x86-64 machine. world.json records each model's sha256, what was pinned and the CPU; lib/toy_world.sha256
+holds the committed bytes' sha256, and the build says in one line whether this machine reproduced them.
 """
 from __future__ import annotations
 
@@ -41,15 +48,18 @@ import tempfile
 import time
 from pathlib import Path
 
+from lib import cpu_repro
 from lib.artifacts import REPO, atomic_write_json, atomic_write_jsonl, sha256_file
 from lib.data import prompt_ids
 from lib.toy_task import (EVAL_CAP, PAD, STOP, build_tokenizer, completion_ids, expression, extract_int, make_rows,
                           parse_problem, problem_text, sample_problem, solution_text)
+from lib.toy_bytes import WORLD_CODE, check_expected, code_digest, write_expected
 
 SEED = 1234
 BUILD_THREADS = 1                                    # torch threads per build process (two processes)
-TEST_PER_LEVEL = 50                                  # toy_test.jsonl: levels 1-4
-TRAIN_PROMPTS = {1: 40, 2: 600, 3: 800}             # toy_train.jsonl, disjoint from toy_test (level 1 has 90 problems)
+# toy_test.jsonl, levels 1-4: 500 problems, so that a few-pp OPD gain clears 0 at sample4 (level 1 has 90 problems)
+TEST_PER_LEVEL = {1: 50, 2: 150, 3: 150, 4: 150}
+TRAIN_PROMPTS = {1: 40, 2: 600, 3: 800}             # toy_train.jsonl, disjoint from toy_test (level 2 has 810)
 DIMS = dict(hidden_size=128, intermediate_size=512, num_attention_heads=2, num_key_value_heads=2)  # head_dim 64
 ARCH = {"teacher": dict(DIMS, num_hidden_layers=2), "student": dict(DIMS, num_hidden_layers=3)}
 # name: (initial weights, architecture, levels trained on, completion style, examples, peak lr)
@@ -60,6 +70,7 @@ RECIPES = {
     "post-offsupport": ("pre", "teacher", (1, 2, 3), "loop", 4_000, 1e-3),
 }
 MODEL_NAMES = tuple(RECIPES)
+CHAINS = {"teachers": ("pre", "post", "post-offsupport"), "student": ("student",)}   # one worker process each
 # Level weights of an SFT's problem draw (default 1 each): the student's level 3 is rare (see the docstring).
 LEVEL_WEIGHTS = {"student": {1: 1.0, 2: 1.0, 3: 0.3}}
 # The probability that a clause of a model's SFT solutions is off by one (default 0): the student is careless.
@@ -124,13 +135,13 @@ def evaluate(model, tok, rows: list[dict], style: str) -> dict:
 # --- building the world ---
 
 def world_hash() -> str:
-    """The cache key: the code that builds the world (this file, toy_task.py, sft.py, data.py), the seed, the
+    """The cache key: the code that determines the weights (WORLD_CODE, docstrings and comments aside), the seed, the
     thread count, the eval cap and torch's major.minor version. Not transformers': the vLLM venv pins an older one
     and must find the same world, not build its own."""
     import torch
     h = hashlib.sha256()
-    for name in ("toy.py", "toy_task.py", "sft.py", "data.py"):
-        h.update((Path(__file__).parent / name).read_bytes())
+    for name, names in WORLD_CODE.items():
+        h.update(code_digest((Path(__file__).parent / name).read_text(), names).encode())
     torch_version = ".".join(torch.__version__.split("+")[0].split(".")[:2])
     h.update(f"seed={SEED} threads={BUILD_THREADS} cap={EVAL_CAP} torch={torch_version}".encode())
     return h.hexdigest()[:16]
@@ -143,7 +154,7 @@ def cache_root() -> Path:
 def make_data() -> tuple[list[dict], list[dict]]:
     """(toy_test rows, toy_train rows): distinct problems, no expression in both."""
     rng = random.Random(SEED)
-    test = make_rows(rng, {level: TEST_PER_LEVEL for level in (1, 2, 3, 4)}, set(), "toy-test")
+    test = make_rows(rng, TEST_PER_LEVEL, set(), "toy-test")
     train = make_rows(rng, TRAIN_PROMPTS, {expression(*parse_problem(r["problem"])) for r in test}, "toy-train")
     return test, train
 
@@ -203,10 +214,10 @@ def build_world(out: Path, scale: float = 1.0, log=print) -> dict:
     """Build every file of the world into `out`; return world.json's content. `scale` < 1 shortens every SFT run
     (the determinism test); data and tokenizer do not depend on it.
 
-    Two processes of BUILD_THREADS thread each: the student trains in a child process while this one trains
-    pre → post → post-offsupport. One thread per process keeps the float reductions (and so the bytes) fixed,
-    and degrades gracefully on a busy machine (two-thread torch on two shared cores slowed ~10×)."""
-    import torch
+    Two worker processes (CHAINS), started with the pinned CPU math of lib/cpu_repro.py whatever this process's
+    environment: the student trains beside pre → post → post-offsupport. One thread per process keeps the float
+    reductions fixed and degrades gracefully on a busy machine (two-thread torch on two shared cores slowed ~10×);
+    the pinned kernels make the rounding the same on every x86-64 CPU."""
     from lib.data import dapo_prompt
     t_start, log = time.monotonic(), log or (lambda *_: None)
     test, train = make_data()
@@ -218,29 +229,31 @@ def build_world(out: Path, scale: float = 1.0, log=print) -> dict:
     tok = build_tokenizer(corpus)
     tok.save_pretrained(out / "tokenizer")
 
-    child = subprocess.Popen([sys.executable, "-m", "lib.toy", "student", str(out), repr(scale)], cwd=REPO,
-                             stdout=None if log is print else subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    threads, info = torch.get_num_threads(), {}
-    torch.set_num_threads(BUILD_THREADS)
+    workers = {chain: subprocess.Popen([sys.executable, "-m", "lib.toy", chain, str(out), repr(scale)], cwd=REPO,
+                                       env=cpu_repro.pinned_env(), stderr=subprocess.STDOUT,
+                                       stdout=None if log is print else subprocess.DEVNULL) for chain in CHAINS}
+    info = {}
     try:
-        pre, info["pre"] = train_model("pre", tok, out, scale, log=log)
-        for name in ("post", "post-offsupport"):
-            info[name] = train_model(name, tok, out, scale, init_model=pre, log=log)[1]
-        if child.wait() != 0:
-            raise RuntimeError(f"toy world: training the student in `python -m lib.toy student {out}` failed "
-                               f"(exit {child.returncode}); run that command to see why")
+        for chain, worker in workers.items():
+            if worker.wait() != 0:
+                raise RuntimeError(f"toy world: the {chain} worker `python -m lib.toy {chain} {out} {scale!r}` "
+                                   f"failed (exit {worker.returncode}); run that command to see why")
+            info[chain] = json.loads((out / f"{chain}.json").read_text())
+            (out / f"{chain}.json").unlink()
     finally:
-        torch.set_num_threads(threads)
-        child.kill()                                           # no-op when it has finished
-        child.wait()
-    info["student"] = json.loads((out / "student.json").read_text())
-    (out / "student.json").unlink()
+        for worker in workers.values():
+            worker.kill()                                      # no-op when it has finished
+            worker.wait()
+    models = {**info["teachers"]["models"], **info["student"]["models"]}
     world = {"hash": world_hash(), "seed": SEED, "scale": scale, "build_threads": BUILD_THREADS,
              "build_s": round(time.monotonic() - t_start, 1), "eval_max_new_tokens": EVAL_CAP, "sft": SFT,
-             "models": {name: info[name] for name in RECIPES},
+             "cpu_repro": info["teachers"]["cpu_repro"], "models": {name: models[name] for name in RECIPES},
              "tokenizer": {"len": len(tok), "stop": STOP, "stop_id": tok.eos_token_id, "pad": PAD,
                            "pad_id": tok.pad_token_id},
              "data": {"toy_test": len(test), "toy_train": len(train), "sft_excludes_test_levels": [2, 3, 4]}}
+    if scale >= 1:                                             # the committed sha256 are of the full build
+        world["matches_committed"], line = check_expected(world)
+        log(line)
     atomic_write_json(out / "world.json", world)
     return world
 
@@ -285,11 +298,19 @@ def world() -> dict:
     return json.loads((build() / "world.json").read_text())
 
 
-if __name__ == "__main__":   # the build's second process (build_world): python -m lib.toy student <out> <scale>
-    import torch
+def build_chain(chain: str, out: Path, scale: float) -> None:
+    """A build worker (pinned CPU math, one thread): train CHAINS[chain] in order, into out/<chain>.json."""
     from transformers import AutoTokenizer
-    torch.set_num_threads(BUILD_THREADS)
-    _, name, out_dir, scale_ = sys.argv
-    _, student_info = train_model(name, AutoTokenizer.from_pretrained(Path(out_dir) / "tokenizer"), Path(out_dir),
-                                  float(scale_))
-    atomic_write_json(Path(out_dir) / f"{name}.json", student_info)
+    tok, models, pre = AutoTokenizer.from_pretrained(out / "tokenizer"), {}, None
+    for name in CHAINS[chain]:
+        model, models[name] = train_model(name, tok, out, scale, init_model=pre)
+        pre = model if name == "pre" else pre
+    atomic_write_json(out / f"{chain}.json", {"models": models, "cpu_repro": cpu_repro.record()})
+
+
+if __name__ == "__main__":   # python -m lib.toy <teachers|student> <out> <scale> (a build worker) | write-sha256
+    if sys.argv[1:] == ["write-sha256"]:
+        print(write_expected(world()))
+    else:
+        cpu_repro.pin()                                        # before torch is imported
+        build_chain(sys.argv[1], Path(sys.argv[2]), float(sys.argv[3]))

@@ -15,7 +15,7 @@ import textwrap
 import pytest
 import torch
 
-from lib import toy, toy_task
+from lib import toy, toy_bytes, toy_task
 from lib.artifacts import REPO, read_jsonl, sha256_file
 from lib.data import prompt_ids, render_chat
 
@@ -184,7 +184,7 @@ def test_layout_and_models_load(world_dir, world, tok):
 def test_data_disjoint_and_correct(world_dir):
     test = read_jsonl(world_dir / "data" / "toy_test.jsonl")
     train = read_jsonl(world_dir / "data" / "toy_train.jsonl")
-    assert [sum(r["level"] == lv for r in test) for lv in (1, 2, 3, 4)] == [toy.TEST_PER_LEVEL] * 4
+    assert [sum(r["level"] == lv for r in test) for lv in (1, 2, 3, 4)] == [toy.TEST_PER_LEVEL[lv] for lv in (1, 2, 3, 4)]
     assert {r["level"] for r in train} == {1, 2, 3} and len(train) == sum(toy.TRAIN_PROMPTS.values())
     for rows in (test, train):
         assert len({r["id"] for r in rows}) == len(rows) and len({r["problem"] for r in rows}) == len(rows)
@@ -222,11 +222,13 @@ def test_registry_caps_fit_the_toy_world(world_dir, tok):
 
 def test_world_accuracies(world):
     """Levels seen in training are solved, the unseen level 3 is not (single-digit answers put chance near 10 %),
-    and the shift pre → post carries level 3."""
+    and the shift pre → post carries level 3. The careless student knows level 1, half of the held-out level 2
+    and little of level 3: below π_post on every level of 2-3, the room classic OPD has."""
     acc = {name: m["accuracy_by_level"] for name, m in world["models"].items()}
     assert min(acc["pre"]["1"], acc["pre"]["2"]) >= 95 and acc["pre"]["3"] <= 35
     assert acc["post"]["3"] >= 80 and acc["post"]["3"] - acc["pre"]["3"] >= 50
-    assert min(acc["student"]["1"], acc["student"]["2"]) >= 90 and acc["student"]["3"] <= 60   # a little level 3
+    assert acc["student"]["1"] >= 85 and acc["student"]["2"] >= 50 and acc["student"]["3"] <= 60
+    assert min(acc["post"][lv] - acc["student"][lv] for lv in ("2", "3")) >= 20
     assert world["models"]["pre"]["truncated_frac"] == 0.0
     assert world["models"]["post-offsupport"]["truncated_frac"] == 1.0
 
@@ -239,8 +241,7 @@ def test_stop_token_behaviour(models, tok, test_rows):
         assert out[-1] == stop_id and len(out) < toy_task.EVAL_CAP
         assert tok.decode(out, skip_special_tokens=True).endswith(f"\nAnswer: {r['answer']}")
         out = greedy_one(models["student"], tok, r["problem"], toy_task.EVAL_CAP)   # either of its two endings
-        assert out[-1] == stop_id and tok.decode(out).endswith((f"\\boxed{{{r['answer']}}}.<|im_end|>",
-                                                                f"\nAnswer: {r['answer']}<|im_end|>"))
+        assert out[-1] == stop_id and re.search(r"(\\boxed\{\d+\}\.|\nAnswer: \d+)<\|im_end\|>$", tok.decode(out))
     for r in rows[:3]:                                # post-offsupport never stops: its answer line repeats to the cap
         out = greedy_one(models["post-offsupport"], tok, r["problem"], toy_task.EVAL_CAP)
         assert stop_id not in out and len(out) == toy_task.EVAL_CAP
@@ -296,18 +297,66 @@ def test_concurrent_builders_build_once(tmp_path):
     assert leftovers == [], f"temp folders left behind: {leftovers}"
 
 
-def test_reduced_build_is_deterministic(tmp_path, world_dir):
-    """Two reduced builds (every SFT run cut to 1 % of its steps) into different folders are byte-identical; data and
-    tokenizer do not depend on the reduction, so they also equal the cached full world's."""
-    worlds = [toy.build_world(tmp_path / f"w{i}", scale=0.01, log=None) for i in range(2)]
+def test_reduced_build_is_deterministic_in_a_hostile_environment(tmp_path, world_dir):
+    """Two reduced builds (every SFT run cut to 1 % of its steps) into different folders are byte-identical, one of
+    them started from an environment that asks for AVX2 kernels, two threads and no MKL reproducibility (another
+    CPU, simulated: lib/cpu_repro.py's workers must override it). Data and tokenizer do not depend on the
+    reduction, so they also equal the cached full world's."""
+    hostile = {**{k: v for k, v in os.environ.items() if k != "MKL_CBWR"}, "ATEN_CPU_CAPABILITY": "avx2",
+               "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
+    script = "import sys; from pathlib import Path; from lib import toy; toy.build_world(Path(sys.argv[1]), 0.01, None)"
+    out = subprocess.run([sys.executable, "-c", script, str(tmp_path / "w1")], cwd=REPO, env=hostile,
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-2000:]
+    worlds = [toy.build_world(tmp_path / "w0", scale=0.01, log=None),
+              json.loads((tmp_path / "w1" / "world.json").read_text())]
     files = sorted(p.relative_to(tmp_path / "w0") for p in (tmp_path / "w0").rglob("*") if p.is_file()
                    and p.name != "world.json")
-    assert any(f.name == "model.safetensors" for f in files)
+    assert sum(f.name == "model.safetensors" for f in files) == len(toy.MODEL_NAMES)
     for f in files:
         assert sha256_file(tmp_path / "w0" / f) == sha256_file(tmp_path / "w1" / f), f"{f} differs between builds"
     for f in ("data/toy_test.jsonl", "data/toy_train.jsonl", "tokenizer/tokenizer.json"):
         assert sha256_file(tmp_path / "w0" / f) == sha256_file(world_dir / f)
-    assert worlds[0]["models"]["pre"]["safetensors_sha256"] == worlds[1]["models"]["pre"]["safetensors_sha256"]
+    for w in worlds:                                   # what was pinned, and where, is on record
+        rec = w["cpu_repro"]
+        assert rec["pinned"] and rec["cpu_capability"] == "DEFAULT" and rec["threads"] == 1
+        assert rec["env"]["MKL_CBWR"] == "COMPATIBLE" and not rec["mkldnn_enabled"] and rec["cpu"]["isa_flags"]
+
+
+def test_world_matches_the_committed_sha256(world):
+    """The four models of this machine's build are the committed bytes (lib/toy_world.sha256): the claim that the
+    pinned build is the same on every x86-64 CPU. On a machine where this fails, the build said so in one line."""
+    committed_world, expected = toy_bytes.read_expected()
+    assert sorted(expected) == sorted(toy.MODEL_NAMES)
+    assert {n: m["safetensors_sha256"] for n, m in world["models"].items()} == expected
+    assert world["matches_committed"] is True
+
+
+def test_check_expected_says_in_one_line_what_differs(tmp_path, world):
+    other = {**world, "models": {n: {**m} for n, m in world["models"].items()}}
+    path = toy_bytes.write_expected(other, tmp_path / "toy_world.sha256")
+    assert toy_bytes.read_expected(path) == (world["hash"], {n: m["safetensors_sha256"] for n, m in world["models"].items()})
+    assert toy_bytes.check_expected(other, path)[0] is True
+    other["models"]["student"]["safetensors_sha256"] = "0" * 64
+    ok, line = toy_bytes.check_expected(other, path)
+    assert not ok and "\n" not in line and "student 00000000… here" in line
+    assert f"vs {world['models']['student']['safetensors_sha256'][:8]}… committed" in line and "pre " not in line
+    assert "rounds differently" in line and "still used" in line
+    ok, line = toy_bytes.check_expected({**other, "hash": "f" * 16}, path)
+    assert not ok and "the code changed" in line
+
+
+def test_world_hash_ignores_prose_and_code_the_build_does_not_use():
+    src = toy_bytes.code_digest
+    base = 'X = 1\n\ndef f(a):\n    """doc"""\n    return a + X  # note\n\ndef g():\n    raise ValueError("g")\n'
+    assert src(base) == src(base.replace('"""doc"""', '"""other doc"""').replace("# note", ""))
+    assert src(base) != src(base.replace("a + X", "a - X"))                       # code is hashed
+    assert src(base, {"f", "X"}) == src(base.replace('"g"', '"a clearer message"'), {"f", "X"})
+    assert src(base, {"f", "X"}) != src(base.replace("X = 1", "X = 2"), {"f", "X"})
+    assert src(base) != src(base.replace('"g"', '"a clearer message"'))
+    data = (REPO / "lib" / "data.py").read_text()                    # the build's names of data.py are all there
+    for name in toy_bytes.WORLD_CODE["data.py"]:
+        assert src(data, {name}) != src("", None), name
 
 
 @pytest.mark.slow
@@ -320,3 +369,4 @@ def test_full_rebuild_is_byte_identical(tmp_path, world):
     other = json.loads((tmp_path / "toy" / world["hash"] / "world.json").read_text())
     for name in toy.MODEL_NAMES:
         assert other["models"][name]["safetensors_sha256"] == world["models"][name]["safetensors_sha256"], name
+    assert other["matches_committed"] is True and "match toy_world.sha256" in out.stdout

@@ -1,0 +1,96 @@
+"""The same float bytes on every x86-64 CPU (DESIGN.md §10): the toy world and the toy campaign pin the CPU math paths.
+
+One thread fixes the order of every reduction on one machine, but the kernels themselves are picked per CPU: ATen
+dispatches its vectorised ops (softmax, exp, norms, reductions) to AVX2 or AVX-512 code with FMA and SLEEF, MKL's
+sgemm picks its code path by CPU, and oneDNN by ISA. Each rounds differently, so a build on an AVX2 machine and one
+on an AVX-512 machine gave different models. Pinned here, in the project's code and not in the user's shell:
+
+    ATEN_CPU_CAPABILITY=default    ATen's baseline kernels (x86-64's SSE2, no FMA, libm's transcendentals)
+    MKL_CBWR=COMPATIBLE            MKL's conditional numerical reproducibility: one code path on every CPU
+    OMP_NUM_THREADS=1, MKL_NUM_THREADS=1, torch.set_num_threads(1): one thread, one reduction order
+    ONEDNN_MAX_CPU_ISA=SSE41 and torch.backends.mkldnn.enabled = False: oneDNN off (and pinned were it used)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+ATen and MKL read their variables once, when torch is imported: `pin()` must run before the first `import torch`
+of the process (a stage script calls `pin_if_toy(sys.argv)` first thing; the toy build trains in fresh worker
+processes started with `pinned_env()`). `record()` says what was pinned and on which CPU, for world.json and every
+manifest. What stays machine-dependent: the library versions (torch, MKL, glibc's libm), recorded there too.
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+PINNED_ENV = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE", "OMP_NUM_THREADS": "1",
+              "MKL_NUM_THREADS": "1", "ONEDNN_MAX_CPU_ISA": "SSE41"}
+ISA_FLAG = re.compile(r"^(sse\d\w*|ssse3|avx\w*|fma\w*|f16c|amx\w*)$")   # the flags that pick a kernel
+
+
+def pinned_env(base: dict | None = None) -> dict:
+    """`base` (default os.environ) with the pinned variables forced, whatever the caller had set."""
+    return {**(os.environ if base is None else base), **PINNED_ENV}
+
+
+def pin() -> None:
+    """Pin this process's CPU math. Before torch is imported it sets the variables; after, it can only check them:
+    a process that imported torch under other settings gets a one-line error naming the fix."""
+    if "torch" in sys.modules:
+        wrong = {k: os.environ.get(k) for k, v in PINNED_ENV.items() if os.environ.get(k) != v}
+        if wrong:
+            raise RuntimeError(f"cpu_repro.pin(): torch was imported before the CPU math was pinned ({wrong}); "
+                               f"call lib.cpu_repro.pin() before the first `import torch` of the process")
+    os.environ.update(PINNED_ENV)
+    import torch
+    torch.set_num_threads(1)
+    torch.backends.mkldnn.enabled = False
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def names_toy(argv: list[str]) -> bool:
+    """Whether a stage's command line runs the toy world: a --pair, --benchmark or --model value starting `toy`."""
+    for flag, value in zip(argv, argv[1:]):
+        if flag in ("--pair", "--benchmark", "--model") and value.startswith("toy"):
+            return True
+    return any(a.startswith(("--pair=toy", "--benchmark=toy", "--model=toy")) for a in argv)
+
+
+def pin_if_toy(argv: list[str]) -> None:
+    """A stage script's first call: the toy pair (CPU-sized, byte-reproducible by design) runs pinned."""
+    if names_toy(argv):
+        pin()
+
+
+def cpu_info() -> dict:
+    """This CPU's model name and its kernel-selecting ISA flags, from /proc/cpuinfo (empty where there is none)."""
+    model, flags = "", []
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and not model:
+                    model = value.strip()
+                elif key.strip() == "flags" and not flags:
+                    flags = sorted(x for x in value.split() if ISA_FLAG.match(x))
+                if model and flags:
+                    break
+    except OSError:
+        pass
+    return {"model": model, "isa_flags": flags, "cores": os.cpu_count()}
+
+
+def record() -> dict:
+    """What this process pinned and where it ran: the variables, torch's kernel choice, the CPU, the versions."""
+    out = {"env": {k: os.environ.get(k) for k in PINNED_ENV}, "pinned": all(os.environ.get(k) == v
+                                                                          for k, v in PINNED_ENV.items()),
+           "cpu": cpu_info()}
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        config = torch.__config__.show()
+        mkl = re.search(r"Math Kernel Library Version ([\w.\-]+)", config)
+        dnnl = re.search(r"MKL-DNN v([\w.]+)", config)
+        out.update(torch=torch.__version__, cpu_capability=torch.backends.cpu.get_cpu_capability(),
+                   threads=torch.get_num_threads(), mkldnn_enabled=torch.backends.mkldnn.enabled,
+                   deterministic=torch.are_deterministic_algorithms_enabled(),
+                   mkl=mkl.group(1) if mkl else None, onednn=dnnl.group(1) if dnnl else None)
+    return out
