@@ -1,4 +1,4 @@
-"""03_opd_train.py — Direct-OPD and classic OPD: the hand-written torchrun FSDP2 training loop (SPEC §7).
+"""03_opd_train.py — Direct-OPD and classic OPD: the hand-written torchrun FSDP2 training loop (DESIGN.md §7).
 
 Per step: take the next B prompts (one pass over the data, shuffled once with seed 42) → sample n rollouts each from
 the current student → score the sampled tokens (and the student's top-K candidates) under π_pre, π_post (or the one
@@ -14,8 +14,8 @@ At --temperature T ≠ 1 the student and the reference are scored at logits / T,
 (the teachers at 1); rollout/logprob_gap then compares those with the sampler's raw (T = 1) log-probs.
 
 Reads:  the pair's models and training prompts (lib/registry.py); a rerun reads train/<run>/resume/ (or resume.old/).
-Writes: <run-dir>/train/<run>/metrics.jsonl   one JSON object per step (SPEC §7.4 names)
-                             /summary.json    the collapse watch (SPEC §7.5) and the run's settings
+Writes: <run-dir>/train/<run>/metrics.jsonl   one JSON object per step (DESIGN.md §7.4 names)
+                             /summary.json    the collapse watch (DESIGN.md §7.5) and the run's settings
                              /step_000020/    merged Hugging Face checkpoint (+ checkpoint.json) every --save-every
                              /resume/         sharded model + optimizer + loop state of the last checkpoint
                              /manifest.json   written last: the run is finished
@@ -61,10 +61,10 @@ from lib.scoring import TokenScorer, micro_batch_plan, pack, score_ids
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     a = p.add_argument
-    a("--pair", default="toy", choices=sorted(registry.PAIRS), help="teacher pair (SPEC §2)")
+    a("--pair", default="toy", choices=sorted(registry.PAIRS), help="teacher pair (DESIGN.md §2)")
     a("--student", default=None, help=f"student (default: the pair's): one of {sorted(registry.STUDENTS)}, "
                                       "a model alias, a hub id[@revision] or a folder")
-    a("--reward", default="delta-topk", choices=opd.REWARDS, help="token reward (SPEC §7.2)")
+    a("--reward", default="delta-topk", choices=opd.REWARDS, help="token reward (DESIGN.md §7.2)")
     a("--teacher", default=None, help="classic OPD's teacher: alias, hub id[@revision] or folder (default: the "
                                       "student's registry teacher)")
     a("--train-data", default=None, help="training prompts: a registry name or any jsonl/parquet with id, problem "
@@ -82,15 +82,15 @@ def parse_args(argv=None):
     a("--weight-decay", type=float, default=0.01, help="AdamW weight decay")
     a("--grad-clip", type=float, default=1.0, help="max global grad norm")
     a("--clip-eps", type=float, default=0.2, help="PPO clip ε")
-    a("--kl-mode", default="adaptive", choices=["adaptive", "constant"], help="KL coefficient controller (SPEC §7.3)")
+    a("--kl-mode", default="adaptive", choices=["adaptive", "constant"], help="KL coefficient controller (DESIGN.md §7.3)")
     a("--kl-coef", type=float, default=2.5, help="initial KL coefficient (adaptive: clamped to [0.5, 2.5])")
     a("--kl-ref", default="init", choices=["init", "none"], help="KL anchor: the student's init weights, or no KL")
     a("--reward-center", action="store_true", help="shift rewards so the batch-mean reward is non-negative")
     a("--eos-policy", default="raw", choices=["raw", "neutral", "clamp"], help="reward at the terminal stop token")
     a("--eos-floor", type=float, default=0.0, help="with --eos-policy clamp: the stop-token reward is ≥ −floor")
     a("--stop-on-collapse", action="store_true", help="stop (after saving) once the collapse watch fires")
-    a("--max-prompt-len", type=int, default=None, help="prompt cap (default: the student's, SPEC §4)")
-    a("--max-response-len", type=int, default=None, help="response cap (default: the student's, SPEC §4)")
+    a("--max-prompt-len", type=int, default=None, help="prompt cap (default: the student's, DESIGN.md §4)")
+    a("--max-response-len", type=int, default=None, help="response cap (default: the student's, DESIGN.md §4)")
     a("--drop-overlong", action="store_true", help="drop prompts over the cap (listed by id) instead of refusing")
     a("--save-every", type=int, default=20, help="checkpoint every N steps (and at the last step)")
     a("--micro-batch", type=int, default=8, help="sequences per forward/backward on each rank")
@@ -114,35 +114,12 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def relaunch(args, argv):
-    """`python 03_opd_train.py --nproc N …` → `torchrun --nproc-per-node N 03_opd_train.py …`."""
-    from torch.distributed.run import main as torchrun
-    rest, skip = [], False
-    for tok in argv:
-        if skip:
-            skip = False
-        elif tok == "--nproc":
-            skip = True
-        elif not tok.startswith("--nproc="):
-            rest.append(tok)
-    torchrun(["--nproc-per-node", str(args.nproc), __file__, *rest])
-
-
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}   # dense bf16, vendor datasheets
 
 
 def log(d: D.Dist, msg: str):
     if d.main:
         print(msg, flush=True)
-
-
-def phase_peak_gb(d: D.Dist, cuda: bool) -> float | None:
-    """The peak memory PyTorch allocated since the last call (GiB), then reset: one number per phase of a step."""
-    if not cuda:
-        return None
-    gb = torch.cuda.max_memory_allocated(d.device) / 2**30
-    torch.cuda.reset_peak_memory_stats(d.device)
-    return gb
 
 
 # --- data: prompts rendered under the STUDENT's template; teachers score the same ids verbatim ---
@@ -247,7 +224,7 @@ def main(argv=None):
         print(f"[03] {out} is finished (manifest.json verified): nothing to do")
         return
     if args.nproc > 1 and "RANK" not in os.environ:
-        return relaunch(args, argv)
+        return D.relaunch(__file__, args.nproc, argv)
     d = D.init()
     torch.manual_seed(args.seed)
     bf16 = d.device.type == "cuda"
@@ -342,7 +319,7 @@ def main(argv=None):
                       max_new_tokens=args.max_response_len, progress=False)
         if args.backend == "vllm":
             engine.sleep()
-        t_gen, peak_gen = time.monotonic(), phase_peak_gb(d, bf16)
+        t_gen, peak_gen = time.monotonic(), D.phase_peak_gb(d, bf16)
 
         # 2. scoring, no grad. "Old" log-probs = the student's scores of its own rollouts before this step's update:
         #    the PPO ratio's denominator (and the delta-topk weights). Teachers score [sampled | top-K] ids in one
@@ -373,7 +350,7 @@ def main(argv=None):
             if args.reward_center:
                 mb["adv"] = opd.center_reward(mb["adv"], reward_token_mean, w_NK)
             mb["adv"] = opd.eos_policy(mb["adv"], mb["is_stop_N"], args.eos_policy, args.eos_floor, w_NK)
-        t_score, peak_score = time.monotonic(), phase_peak_gb(d, bf16)
+        t_score, peak_score = time.monotonic(), D.phase_peak_gb(d, bf16)
 
         # 4. update: PPO clipped surrogate + kl_coef · k3, token-mean over the GLOBAL batch; one optimizer step
         student.train()
@@ -397,7 +374,7 @@ def main(argv=None):
         else:
             optim.step()
         student.eval()
-        t_update, peak_update = time.monotonic(), phase_peak_gb(d, bf16)
+        t_update, peak_update = time.monotonic(), D.phase_peak_gb(d, bf16)
 
         # 5. metrics (DESIGN.md §7.4): named sums across ranks, each metric beside the sums it divides
         pairs = torch.cat([mb["delta"].flatten() for mb in mbs])     # (token, candidate) log-ratios: the method's

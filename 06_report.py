@@ -20,14 +20,8 @@ Writes `report/`:
 A rebuild from the same inputs is byte-identical (README, figures, MANIFEST.json, CHECKSUMS.sha256). Verdicts follow
 DESIGN.md §6: a gain counts only when its 95 % CI excludes 0.
 
-RAFT section: reads stats/raft.json, i.e. raft/stats.json as 07_raft writes it, with these keys (all optional):
-    base (π_pre alias), k, n_prompts, kept, keep_rate_pct, keep_rate_by_level_pct {level: pct},
-    n_correct_of_k {"0".."k": count}, rejection_reasons {reason: count of samples}, gate_g1 {pass, threshold, kept},
-    sft {val_loss: [[step, loss]], train_loss: [[step, loss]]}, shift_abs_dlogp_per_token,
-    eos_probe {pi_pre, raft} (mean log p of the stop token at true completion ends),
-    anatomy {pair, student, status, n_tokens, token_mean_delta, student_weighted_mean, pos_frac_pct, abs_mean_delta,
-    stop_mean_delta, logp_stop_at_answer_end {pi_pre, pi_post}, auroc_length_controlled, auroc_ci95}
-    (01_gates' shift anatomy of the RAFT pair)
+RAFT section: reads stats/raft.json (raft/stats.json as 07_raft writes it; every key optional): keep rates, gate
+G1, the SFT loss curves, |Δ log p| per token, the EOS probe, and the RAFT pair's shift anatomy (lib/anatomy.py).
 plus gate G2 computed by 05_stats (alias `raft` vs its base on the shared eval units).
 
     python 06_report.py --run-dir runs/toy

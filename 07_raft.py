@@ -1,4 +1,4 @@
-"""07_raft.py — the RAFT teacher (SPEC §9): rejection sampling of π_pre on its own verified samples, then SFT.
+"""07_raft.py — the RAFT teacher (DESIGN.md §9): rejection sampling of π_pre on its own verified samples, then SFT.
 
 The campaign's mechanism experiment: a post-teacher that differs from π_pre only by π_pre's own correct samples is
 an on-support shift (π_post ≈ π_pre wherever π_pre is right), the pair with which Direct-OPD stayed stable.
@@ -67,7 +67,7 @@ def parse_args(argv=None):
     a("--pair", default="toy", choices=sorted(registry.PAIRS), help="whose π_pre and training prompts (toy, toy-raft, raft, …)")
     a("--stage", default="all", choices=["sample", "sft", "probe", "all"], help="which stage(s) to run")
     # stage 1
-    a("--k", type=int, default=4, help="samples per prompt, seeds 0..k-1 (SPEC §9: 4)")
+    a("--k", type=int, default=4, help="samples per prompt, seeds 0..k-1 (DESIGN.md §9: 4)")
     a("--temperature", type=float, default=EVAL.temperature, help="sampling temperature (the eval protocol's)")
     a("--top-p", type=float, default=EVAL.top_p, help="sampling top-p (the eval protocol's)")
     a("--max-new-tokens", type=int, default=None, help="token cap (default: π_pre's registry eval cap)")
@@ -81,11 +81,11 @@ def parse_args(argv=None):
     a("--time-limit", type=float, default=None, help="wall-clock budget in seconds for stage 1: stop after an appended "
                                                     "batch when the next one is predicted not to fit (a rerun "
                                                     "continues); the SFT and the probe, once started, run to the end")
-    a("--g1-min", type=int, default=2000, help="gate G1: at least this many kept samples (SPEC §9: 2,000)")
+    a("--g1-min", type=int, default=2000, help="gate G1: at least this many kept samples (DESIGN.md §9: 2,000)")
     a("--allow-g1-fail", action="store_true", help="run the SFT even if gate G1 failed (recorded)")
     # stage 2
-    a("--val-frac", type=float, default=0.05, help="held-out fraction of the kept samples (SPEC §9: 5 %%)")
-    a("--lr", type=float, default=1e-5, help="peak AdamW learning rate (SPEC §9: 1e-5)")
+    a("--val-frac", type=float, default=0.05, help="held-out fraction of the kept samples (DESIGN.md §9: 5 %%)")
+    a("--lr", type=float, default=1e-5, help="peak AdamW learning rate (DESIGN.md §9: 1e-5)")
     a("--warmup-frac", type=float, default=0.05, help="linear warmup, fraction of the optimizer steps")
     a("--schedule", default="cosine", choices=["cosine", "linear", "constant"], help="lr decay after warmup (to 0)")
     a("--epochs", type=int, default=2, help="passes over the training split")

@@ -31,10 +31,10 @@ echo $$ > "$RUN/.campaign.lock"
 
 if [ "$PAIR" = toy ]; then
   # The toy models are tiny and start far from the teacher: a larger learning rate, and fewer, smaller steps (one
-  # pass over the 1,440 toy training prompts). Everything else is SPEC §7's default.
+  # pass over the 1,440 toy training prompts). Everything else is DESIGN.md §7's default.
   TRAIN_FLAGS="--steps 45 --batch-prompts 32 --lr 2e-4 --save-every 15 --micro-batch 32"
   CKPT_EVALS="toy:sample4"
-  # RAFT of toy π_pre (SPEC §9 at toy scale): gate G1 at 500 kept samples (~840 of the 1,440 prompts keep one), a
+  # RAFT of toy π_pre (DESIGN.md §9 at toy scale): gate G1 at 500 kept samples (~840 of the 1,440 prompts keep one), a
   # toy learning rate.
   RAFT_PAIR=toy-raft
   RAFT_FLAGS="--sample-batch 256 --g1-min 500 --lr 1e-4 --micro-batch 16"

@@ -1,4 +1,4 @@
-"""Benchmark the log-ratio kernels (SPEC §12) against naive torch and torch.compile, side by side, on one GPU.
+"""Benchmark the log-ratio kernels (DESIGN.md §12) against naive torch and torch.compile, side by side, on one GPU.
 
 Rows: the teacher path (two bf16 logit tensors → lp_post, lp_pre, delta at K ids), the student path (sampled lp +
 top-16 + entropy, forward and forward+backward) and the fused-linear variant (hidden, lm_head → the same outputs),

@@ -1,4 +1,4 @@
-"""Artifacts and manifests (SPEC §11): atomic writes, sha256 of everything, and refusal on a hash mismatch.
+"""Artifacts and manifests (DESIGN.md §11): atomic writes, sha256 of everything, and refusal on a hash mismatch.
 
 Every stage writes its outputs into one directory and finishes with `manifest.json` there:
 

@@ -1,4 +1,4 @@
-"""Problems, the DAPO prompt and chat rendering (SPEC §2–3).
+"""Problems, the DAPO prompt and chat rendering (DESIGN.md §2–3).
 
 A problem row is `{"id", "problem", "answer", ...}` (extra fields such as `level` are kept). Rows come from a
 jsonl or parquet file at a path, or from the Hugging Face hub (`hf://owner/dataset[:split]`) for users who have it.
@@ -35,7 +35,7 @@ def render_chat(tokenizer, user_text: str, **template_kwargs) -> str:
 
 
 def assistant_header(tokenizer, **template_kwargs) -> str:
-    """What the generation prompt appends: the rendered prompt must end with it (SPEC §3)."""
+    """What the generation prompt appends: the rendered prompt must end with it (DESIGN.md §3)."""
     msgs = [{"role": "user", "content": "x"}]
     with_gen = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, **template_kwargs)
     without = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=False, **template_kwargs)

@@ -1,4 +1,4 @@
-"""torchrun, FSDP2 and checkpoints, in the torchtitan manner (SPEC §7.7).
+"""torchrun, FSDP2 and checkpoints, in the torchtitan manner (DESIGN.md §7.7).
 
 - `init()`: one process group for every launch — gloo on CPU, NCCL on CUDA; a plain `python` launch is a group of 1.
 - `shard(model)`: `fully_shard` each decoder layer, then the root; bf16 params with fp32 gradient reduction on CUDA
@@ -174,3 +174,27 @@ def all_max(*values: float, device=None) -> list[float]:
     t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.tolist()
+
+
+def relaunch(script: str, nproc: int, argv: list[str]):
+    """`python STAGE.py --nproc N …` → `torchrun --nproc-per-node N STAGE.py …` (current torchrun rejects its own
+    short `--nproc` as ambiguous, so the stages take it and launch themselves)."""
+    from torch.distributed.run import main as torchrun
+    rest, skip = [], False
+    for tok in argv:
+        if skip:
+            skip = False
+        elif tok == "--nproc":
+            skip = True
+        elif not tok.startswith("--nproc="):
+            rest.append(tok)
+    torchrun(["--nproc-per-node", str(nproc), script, *rest])
+
+
+def phase_peak_gb(d: Dist, cuda: bool) -> float | None:
+    """The peak memory PyTorch allocated since the last call (GiB), then reset: one number per phase of a step."""
+    if not cuda:
+        return None
+    gb = torch.cuda.max_memory_allocated(d.device) / 2**30
+    torch.cuda.reset_peak_memory_stats(d.device)
+    return gb

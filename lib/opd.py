@@ -1,4 +1,4 @@
-"""The numerics of (Direct-)OPD, as pure functions (SPEC §7.2–7.6). Shapes: N = response tokens of a micro-batch
+"""The numerics of (Direct-)OPD, as pure functions (DESIGN.md §7.2–7.6). Shapes: N = response tokens of a micro-batch
 (flattened, padding removed), K = the scored candidates per token: the student's top-K for delta-topk, the one
 sampled token (K = 1) for delta-sampled and opd. Every advantage is (N, K); a token's reward is its row sum.
 

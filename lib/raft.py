@@ -1,4 +1,4 @@
-"""RAFT (SPEC §9) as plain functions: rejection sampling bookkeeping, its statistics, and the SFT-side checks.
+"""RAFT (DESIGN.md §9) as plain functions: rejection sampling bookkeeping, its statistics, and the SFT-side checks.
 
 Stage 1 keeps, per training prompt, the first sample in seed order that is graded correct AND stopped (it ends with
 the stop token; a truncated sample never teaches the model to stop). Every other sample gets one rejection reason,
@@ -14,7 +14,7 @@ then chunk 1, … Each chunk is a 1/C evenly spaced slice of the prompt list, so
 the whole (difficulty included, whatever the file's order). Rows are appended to `chunk_<c>.jsonl` one batch at a
 time with fsync; a killed run resumes by skipping the prompt ids already on disk (a torn last line is dropped).
 
-Gate G1: at least `g1_min` prompts kept (SPEC: 2,000).
+Gate G1: at least `g1_min` prompts kept (DESIGN.md §9: 2,000).
 """
 from __future__ import annotations
 
@@ -141,7 +141,7 @@ def _pct(a: int, b: int) -> float | None:
 
 
 def stage1_stats(rows: list[dict], k: int, g1_min: int) -> dict:
-    """SPEC §9's numbers: keep rate (overall, by level, by seed), n-correct-of-k histogram, rejection reasons
+    """DESIGN.md §9's numbers: keep rate (overall, by level, by seed), n-correct-of-k histogram, rejection reasons
     (over every sample that could not be kept), truncation, kept-completion lengths, gate G1."""
     samples = [s for r in rows for s in r["samples"]]
     kept = [r for r in rows if r["kept_seed"] is not None]
@@ -184,7 +184,7 @@ def split(n: int, val_frac: float, seed: int) -> tuple[list[int], list[int]]:
 
 def check_example(tok, input_ids: list[int], labels: list[int], n_prompt: int, header: str, stop_ids,
                   name: str = "example") -> dict:
-    """Verify one SFT example's mask by decoding (SPEC §9): labels are exactly -100 over the prompt and equal the
+    """Verify one SFT example's mask by decoding (DESIGN.md §9): labels are exactly -100 over the prompt and equal the
     input ids over the completion, which ends with a stop token; the masked prefix decodes to text that ends with
     the assistant header. Raises ValueError naming the example; returns the decoded tail and supervised text."""
     ignore = -100

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-EVAL_MAX_NEW_TOKENS = 31_744          # SPEC §4: evaluation cap unless a model's context forbids it
+EVAL_MAX_NEW_TOKENS = 31_744          # DESIGN.md §4: evaluation cap unless a model's context forbids it
 TRAIN_PROMPT_CAP, TRAIN_RESPONSE_CAP = 768, 3_328
 
 
@@ -23,7 +23,7 @@ class Model:
     shape: tuple | None = None        # (real shape, seed): random weights for speed runs (lib/shapes.py)
     eval_max_new_tokens: int = EVAL_MAX_NEW_TOKENS
     thinking: bool = False            # Qwen3: chat template rendered with enable_thinking=True
-    template_note: str = ""           # known quirk of its chat template (SPEC §3), reported by 01_gates
+    template_note: str = ""           # known quirk of its chat template (DESIGN.md §3), reported by 01_gates
 
 
 MODELS = {m.alias: m for m in [
@@ -48,7 +48,7 @@ MODELS = {m.alias: m for m in [
           "d46294c2a827c8558547c8ebac96a49b7a8410bb",
           template_note="π_pre's template, copied byte-identical"),
     Model("raft", run_path="raft/model", template_note="π_pre's template, copied byte-identical"),
-    # the toy world (SPEC §10): built locally by lib/toy.py, cached by a hash of its code and seed
+    # the toy world (DESIGN.md §10): built locally by lib/toy.py, cached by a hash of its code and seed
     Model("toy-pre", toy="pre", eval_max_new_tokens=96),
     Model("toy-post", toy="post", eval_max_new_tokens=96),
     Model("toy-post-offsupport", toy="post-offsupport", eval_max_new_tokens=96),
@@ -124,7 +124,7 @@ class Pair:
     student: str
     train_data: str
     evals: tuple = (("aime24", "sample32"), ("aime25", "sample32"), ("math500", "sample4"), ("math500", "greedy"))
-    gate_benchmark: str = "aime24"     # the teacher-gain gate of SPEC §6
+    gate_benchmark: str = "aime24"     # the teacher-gain gate of DESIGN.md §6
     note: str = ""
 
 

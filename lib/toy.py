@@ -1,37 +1,23 @@
-r"""The toy world (DESIGN.md §10): a synthetic arithmetic task, a chat tokenizer and four tiny Qwen2 models, built on
-a 2-core CPU in ~5 minutes (idle), deterministically and the same on every x86-64 CPU (lib/cpu_repro.py), and
-cached under `<cache>/toy/<world_hash>/`.
+r"""The toy world (DESIGN.md §10): an arithmetic task, a chat tokenizer and four tiny Qwen2 models, built on 2 CPU
+cores in ~5 min, the same bytes on every x86-64 CPU (lib/cpu_repro.py), cached under `<cache>/toy/<world_hash>/`.
 
 The task, its solutions and the tokenizer: lib/toy_task.py. This file trains the models on them.
-
 Models: tiny `Qwen2ForCausalLM`, fp32, tied embeddings, head_dim 64 (a head size vLLM's CPU attention supports).
     pre              2 layers × 128, from scratch on levels 1-2: ~100 % there, ~20 % on unseen level 3 (a
                      single-digit answer is right by chance ~10 % of the time)
     post             pre fine-tuned on levels 1-3: the capability the shift pre → post carries
     student          3 layers × 128 (a different size), from scratch on levels 1-2 plus a little level 3 (weight
                      0.3 of a level's, ~13 % of its problems), and careless: a quarter of the clauses of its SFT
-                     solutions are off by one (SLIP), the chain going on from the wrong value. Greedy it knows
-                     level 1 and half of the held-out level 2 (90/59/34/7 % on levels 1-4, this pinned build;
-                     an earlier, unpinned build of 50 test problems a level reached 98/96/18 %), and sampled at
-                     T 0.7 it slips more (sample4: 67.5/41.7/25.5/10.2 %). The gap classic OPD was to close: the
-                     teachers put ~0 on a slipped digit, the student's own samples hold many, and each fix is a
-                     fact shared by every level. On this build it did not, at the campaign's toy flags: over seeds
-                     42/1/2 the gain is ~0 at steps 15, 30 and 45 (pooled @45 +0.65 pp [-1.25, +2.55]): level 1
-                     lost ~20 pp, level 2 gained 4-14 pp. A careful student
-                     (100/98/40 %) gained only on level 3 under OPD (+9 pp) and lost its memorised level 1 to
-                     operand-copying drift (-21 pp), so its overall gain never cleared 0. Half its solutions end in
-                     its own `\boxed{}` style, half with the answer line: OPD can only reinforce what the student
-                     samples, and a student that only ever writes `\boxed{}` gives the Answer-line teacher nothing to
-                     prefer (measured: OPD pushed `The answer is` down until sampling degenerated at lr 1e-4).
-    post-offsupport  pre fine-tuned on levels 1-3 with responses that never stop: the answer line repeats to the
-                     eval cap and `<|im_end|>` is never a target (the source report's termination sink, as a
-                     teacher), so log p(<|im_end|>) at an answer end is very negative: the gates' negative control.
+                     solutions are off by one (SLIP), the chain going on from the wrong value; half its solutions
+                     end in its own `\boxed{}` style, half with the answer line. Greedy on this pinned build:
+                     90/59/34/7 % on levels 1-4; sampled at T 0.7 it slips more (sample4 67.5/41.7/25.5/10.2 %).
+                     What classic OPD does to it at the campaign's flags is measured by the campaign (README).
+    post-offsupport  pre fine-tuned on levels 1-3 with responses that never stop (the answer line repeats to the cap,
+                     `<|im_end|>` never a target): the termination sink as a teacher, the gates' negative control.
 
-Build: two worker processes of one torch thread each (the student trains beside pre → post → post-offsupport), their
-CPU math pinned (lib/cpu_repro.py: ATen's baseline kernels, MKL's COMPATIBLE branch, oneDNN off); every random
-choice derives from SEED, so two builds are byte-identical, on one machine and (as far as the libraries allow) on
-any x86-64 machine. world.json records each model's sha256, what was pinned and the CPU; lib/toy_world.sha256
-holds the committed bytes' sha256, and the build says in one line whether this machine reproduced them.
+Build: two one-thread worker processes (student beside pre → post → post-offsupport), CPU math pinned by
+lib/cpu_repro.py, every random choice from SEED: byte-identical builds on any x86-64 machine as far as the libraries
+allow. world.json records each model's sha256, the pin and the CPU; the build checks them against lib/toy_world.sha256.
 """
 from __future__ import annotations
 
@@ -71,12 +57,10 @@ RECIPES = {
 }
 MODEL_NAMES = tuple(RECIPES)
 CHAINS = {"teachers": ("pre", "post", "post-offsupport"), "student": ("student",)}   # one worker process each
-# Level weights of an SFT's problem draw (default 1 each): the student's level 3 is rare (see the docstring).
 LEVEL_WEIGHTS = {"student": {1: 1.0, 2: 1.0, 3: 0.3}}
 # The probability that a clause of a model's SFT solutions is off by one (default 0): the student is careless.
 SLIP = {"student": 0.25}
-# Small batches, many steps: at equal tokens, batch 16 × 800 steps solved levels 1-2 where batch 32 × 400 reached
-# ~55 % on level 2 (the operand-copying attention forms late). A GQA (1 kv head) student plateaued in one build of two.
+# Small batches, many steps: batch 16 × 800 solved levels 1-2 where 32 × 400 reached ~55 % on level 2 (same tokens).
 SFT = dict(epochs=1, batch_size=16, warmup_frac=0.05, schedule="cosine", weight_decay=0.0, log_every=100)
 
 

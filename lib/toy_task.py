@@ -1,4 +1,4 @@
-r"""The toy task (SPEC §10) and its tokenizer: problems, solutions (true or careless), answer extraction, and a
+r"""The toy task (DESIGN.md §10) and its tokenizer: problems, solutions (true or careless), answer extraction, and a
 Qwen2-style byte-level BPE chat tokenizer. lib/toy.py builds the world's models on them.
 
 Task. A chain of single-digit additions and subtractions; level = number of operations. Operands are 1-9 and every

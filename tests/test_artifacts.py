@@ -1,5 +1,5 @@
-"""Atomic writes, manifests and refusal on a hash mismatch (SPEC §11); the real benchmark files and the DAPO prompt
-(SPEC §3). Malformed problem files: tests/test_data.py."""
+"""Atomic writes, manifests and refusal on a hash mismatch (DESIGN.md §11); the real benchmark files and the DAPO prompt
+(DESIGN.md §3). Malformed problem files: tests/test_data.py."""
 import hashlib
 import json
 import os

