@@ -16,7 +16,7 @@ M="$RUN/train/delta-topk/metrics.jsonl"
 # every output line stamped with its time: the exit is measured from the stage's last line ("[03] done: …")
 timeout "${LIMIT:-540}" python3 03_opd_train.py --pair shape-1.5b --run-dir "$RUN" --reward delta-topk --steps "$STEPS" \
   --batch-prompts 64 --rollouts 4 --max-response-len 400 --micro-batch 16 --compile --backend vllm \
-  --gpu-memory-utilization 0.3 --save-every 1000 --lr 1e-6 2>&1 | grep --line-buffered -v Warn \
+  --gpu-memory-utilization 0.3 --save-every 1000 --lr 1e-6 --drop-overlong 2>&1 | grep --line-buffered -v Warn \
   | while IFS= read -r l; do printf '%s %s\n' "$(date +%s.%N)" "$l"; done | tee "$OUT/vllm_train.log"
 rc=${PIPESTATUS[0]}; t_exit=$(date +%s.%N); kill $COPIER 2>/dev/null
 cp "$M" "$OUT/vllm_metrics.jsonl" 2>/dev/null
