@@ -122,4 +122,5 @@ def test_03_refuses_bad_training_data_before_loading_the_student(tmp_path, conte
     r = subprocess.run([sys.executable, "03_opd_train.py", "--pair", "toy", "--train-data", str(p), "--batch-prompts",
                         "4", "--run-dir", str(tmp_path / "run")], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert (r.returncode, r.stderr.splitlines()) == (1, [message.format(p=p)]), r.stderr
-    assert not (tmp_path / "run").exists()                                    # nothing written
+    written = {f.name for f in (tmp_path / "run").rglob("*") if f.is_file()}
+    assert written <= {"run.lock"}, written            # nothing written but the run's lock (taken before any reading)
