@@ -133,7 +133,7 @@ def load_prompts(args, pair, tokenizer, chat_kwargs, d):
         listed = "; ".join(f"prompt {i} is {n} tokens" for i, n in over[:10])
         sys.exit(f"{len(over)} training prompts exceed the prompt cap {args.max_prompt_len} under the student's "
                  f"template: {listed}{' …' if len(over) > 10 else ''}. Raise --max-prompt-len or drop them "
-                 f"explicitly with --drop-overlong (they are listed in the manifest).")
+                 f"explicitly with --drop-overlong (they are listed in the run's summary.json).")
     if over:
         log(d, f"[03] dropping {len(over)} overlong prompts: {[i for i, _ in over]}")
         keep = {i for i, _ in over}

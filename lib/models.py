@@ -108,13 +108,27 @@ class NotFetched(UserError):
                          f"cache; copy that cache here or pass the model's folder instead)")
 
 
+def verified_toy_model(name: str) -> Path:
+    """The cached toy model's folder, its weights checked against the sha256 the build recorded in world.json: a
+    changed byte in the cache is refused (it would pass for the world its hash names), not silently evaluated."""
+    from lib import toy
+    from lib.artifacts import sha256_file
+    path = toy.model_dir(name)
+    want = toy.world()["models"][name]["safetensors_sha256"]
+    got = sha256_file(path / "model.safetensors")
+    if got != want:
+        raise UserError(f"toy model {name}: {path / 'model.safetensors'} has sha256 {got[:12]}… but the build recorded "
+                        f"{want[:12]}… in world.json; delete {path.parent.parent} and rerun to rebuild the toy world")
+    return path
+
+
 def resolve_model(name: str, run_dir: str | Path | None = None, revision: str | None = None) -> Resolved:
     """Turn an alias, a hub id (`@revision` or `revision=`) or a folder into a local folder and the revision used."""
     base_name, revision = split_revision(name, revision)
     m = registered(base_name)
     if m is not None and m.toy:
         from lib import toy
-        return Resolved(m.alias, toy.model_dir(m.toy), resolved_revision="toy:" + toy.world_hash())
+        return Resolved(m.alias, verified_toy_model(m.toy), resolved_revision="toy:" + toy.world_hash())
     if m is not None and m.shape:
         from lib import shapes
         return Resolved(m.alias, shapes.model_dir(*m.shape), resolved_revision=f"random:{m.shape[0]}:seed{m.shape[1]}")

@@ -96,3 +96,21 @@ def test_04_refuses_an_unknown_model_in_one_line():
                        text=True, timeout=300)
     assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert r.stderr.startswith("unknown model 'no-such-model'")
+
+
+def test_a_changed_byte_in_a_cached_toy_model_is_refused(tmp_path, monkeypatch):
+    """The cache holds the world its hash names only while its bytes are the ones the build recorded."""
+    import shutil
+    from lib import toy
+    from lib.errors import UserError
+    src = toy.build()
+    copy = tmp_path / "toy" / src.name
+    shutil.copytree(src, copy)
+    monkeypatch.setenv("OPD_CACHE", str(tmp_path))
+    assert models.resolve_model("toy-pre").path == copy / "models" / "pre"      # the copy is read, and verifies
+    weights = copy / "models" / "pre" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    weights.write_bytes(bytes(data))
+    with pytest.raises(UserError, match="toy model pre: .* sha256 .* world.json"):
+        models.resolve_model("toy-pre")
