@@ -51,7 +51,7 @@ def verify_model_folder(path: Path) -> str | None:
         listed = {k[len(prefix):]: v for k, v in m.get("outputs", {}).items() if k.startswith(prefix)}
     if not listed:
         if (path / runs.INTEGRITY).exists():       # a checkpoint of a run still in progress: its own sha256 record
-            runs.verify_files(path, f"checkpoint {path}", "re-run the training stage that wrote it")
+            runs.verify_files(path, "the checkpoint", "re-run the training stage that wrote it")
             return str(path / runs.INTEGRITY)
         if (path / "checkpoint.json").exists():
             raise ArtifactError(f"checkpoint {path} is not sealed: {seal} is missing or does not list it (the training "
