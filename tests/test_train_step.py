@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from helpers import REPO
-from lib import opd, registry, toy
+from lib import benchmarks, opd, toy
 from lib.data import prompt_ids
 from lib.sampling import HFEngine, sample
 from lib.scoring import TokenScorer, pack
@@ -38,7 +38,7 @@ def make_world():
     tok = AutoTokenizer.from_pretrained(toy.model_dir("student"))
     lms = {k: AutoModelForCausalLM.from_pretrained(toy.model_dir(k), dtype=torch.float32).eval()
            for k in ("student", "pre", "post")}
-    rows, _ = registry.load_benchmark("toy_train", require_answer=False)
+    rows, _ = benchmarks.load_benchmark("toy_train", require_answer=False)
     prompts = [prompt_ids(tok, r["problem"]) for r in rows[:4]]
     outs = sample(HFEngine(copy.deepcopy(lms["student"]), tok, batch_size=8), prompts, list(range(4)),
                   temperature=1.0, top_p=1.0, max_new_tokens=24, progress=False)
