@@ -8,9 +8,9 @@ Models: tiny `Qwen2ForCausalLM`, fp32, tied embeddings, head_dim 64 (a head size
     post             pre fine-tuned on levels 1-3: the capability the shift pre → post carries
     student          3 layers × 128 (a different size), from scratch on levels 1-2 plus a little level 3 (weight
                      0.3 of a level's, ~13 % of its problems), and careless: a quarter of the clauses of its SFT
-                     solutions are off by one (SLIP), the chain going on from the wrong value; half its solutions
-                     end in its own `\boxed{}` style, half with the answer line. Greedy on this pinned build:
-                     90/59/34/7 % on levels 1-4; sampled at T 0.7 it slips more (sample4 67.5/41.7/25.5/10.2 %).
+                     solutions are off by one (SLIP), the chain going on from the wrong value; the teachers'
+                     answer-line style (a half-`\boxed{}` student put 65 % of classic OPD's reward on style tokens,
+                     −13.5 nats each, and its gain never cleared 0). Greedy accuracy by level: world.json.
                      What classic OPD does to it at the campaign's flags is measured by the campaign (README).
     post-offsupport  pre fine-tuned on levels 1-3 with responses that never stop (the answer line repeats to the cap,
                      `<|im_end|>` never a target): the termination sink as a teacher, the gates' negative control.
@@ -52,7 +52,7 @@ ARCH = {"teacher": dict(DIMS, num_hidden_layers=2), "student": dict(DIMS, num_hi
 RECIPES = {
     "pre": (None, "teacher", (1, 2), "answer_line", 12_800, 2e-3),
     "post": ("pre", "teacher", (1, 2, 3), "answer_line", 6_400, 1e-3),
-    "student": (None, "student", (1, 2, 3), "mixed", 12_800, 2e-3),
+    "student": (None, "student", (1, 2, 3), "answer_line", 12_800, 2e-3),
     "post-offsupport": ("pre", "teacher", (1, 2, 3), "loop", 4_000, 1e-3),
 }
 MODEL_NAMES = tuple(RECIPES)
@@ -160,13 +160,12 @@ def sft_problems(name: str, scale: float = 1.0) -> list[tuple[int, list]]:
 
 
 def sft_examples(name: str, tok, scale: float = 1.0) -> list[tuple[list[int], list[int]]]:
-    """(input_ids, labels) of model `name`'s SFT: its problems, each solution in its style (`mixed`: the ending drawn
-    50/50) with its SLIP rate of off-by-one clauses, completion-only labels."""
+    """(input_ids, labels) of model `name`'s SFT: its problems, each solution in its style with its SLIP rate of
+    off-by-one clauses, completion-only labels."""
     from lib.sft import completion_labels
     style, slip = RECIPES[name][3], SLIP.get(name, 0.0)
-    style_rng, slip_rng = random.Random(f"{SEED}/{name}/style"), random.Random(f"{SEED}/{name}/slip")
-    styles = lambda: style_rng.choice(("answer_line", "boxed")) if style == "mixed" else style
-    return [completion_labels(prompt_ids(tok, problem_text(*p)), completion_ids(tok, *p, styles(), slip, slip_rng))
+    slip_rng = random.Random(f"{SEED}/{name}/slip")
+    return [completion_labels(prompt_ids(tok, problem_text(*p)), completion_ids(tok, *p, style, slip, slip_rng))
             for p in sft_problems(name, scale)]
 
 

@@ -11,6 +11,7 @@ import ast
 import re
 from pathlib import Path
 
+from lib import cpu_repro
 from lib.artifacts import atomic_write_text
 
 EXPECTED = Path(__file__).parent / "toy_world.sha256"          # the committed build's model sha256
@@ -56,8 +57,11 @@ def check_expected(world: dict, path: Path = EXPECTED) -> tuple[bool, str]:
         return True, f"toy world {world['hash']}: all {len(got)} models match {path.name} (the committed bytes)"
     short = lambda sha: (sha or "none")[:8] + "…"
     pairs = ", ".join(f"{n} {short(got.get(n))} here vs {short(expected.get(n))} committed" for n in differ)
+    missing = [f for f in cpu_repro.REQUIRED_FLAGS if f not in world.get("cpu_repro", {}).get("cpu", {}).get("isa_flags", [])]
     why = (f"this code builds world {world['hash']}, the file is for {committed_world}: the code changed"
-           if committed_world != world["hash"] else "same code, so this CPU or a library version rounds differently")
+           if committed_world != world["hash"] else
+           f"same code, but this CPU lacks {'/'.join(missing)}, which the pinned math paths need (lib/cpu_repro.py)"
+           if missing else "same code, so a library version (torch, MKL, libm) rounds differently")
     return False, (f"toy world: this build DIFFERS from {path.name} ({pairs}); {why}: its campaign numbers will "
                    f"differ from the README's by that float noise. The world is still used; `python -m lib.toy "
                    f"write-sha256` commits this build's bytes instead")
@@ -65,9 +69,9 @@ def check_expected(world: dict, path: Path = EXPECTED) -> tuple[bool, str]:
 
 def write_expected(world: dict, path: Path = EXPECTED) -> Path:
     rec = world["cpu_repro"]
-    lines = [f"# sha256 of the toy world's model.safetensors, built by lib/toy.py with the CPU math pinned "
-             f"(lib/cpu_repro.py)", f"# world {world['hash']}",
-             f"# built on {rec['cpu']['model']} ({' '.join(rec['cpu']['isa_flags'])}), torch {rec.get('torch')}, "
-             f"MKL {rec.get('mkl')}"]
+    lines = ["# sha256 of the toy world's model.safetensors, built by lib/toy.py with the CPU math pinned "
+             "(lib/cpu_repro.py)", f"# world {world['hash']}",
+             (f"# built on {rec['cpu']['model']} ({' '.join(rec['cpu']['isa_flags'])}), torch {rec.get('torch')}, "
+              f"MKL {rec.get('mkl')}, ATen {rec.get('cpu_capability')}")]
     lines += [f"{m['safetensors_sha256']}  {n}" for n, m in world['models'].items()]
     return atomic_write_text(path, "\n".join(lines) + "\n")

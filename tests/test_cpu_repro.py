@@ -1,5 +1,5 @@
 """lib/cpu_repro.py: the pinned CPU math gives the same training bytes whatever the environment says (a hostile one
-simulates another CPU: AVX2 kernels, two threads, no MKL reproducibility), while that environment unpinned does
+simulates another CPU: baseline kernels, MKL's COMPATIBLE branch, two threads), while that environment unpinned does
 change them; what a stage pins, and what a manifest records."""
 import json
 import os
@@ -12,7 +12,7 @@ import pytest
 from lib import cpu_repro
 from lib.artifacts import REPO, write_manifest
 
-HOSTILE = {"ATEN_CPU_CAPABILITY": "avx2", "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}   # and MKL_CBWR unset
+HOSTILE = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE", "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
 
 # A tiny Qwen2 trained 12 SFT steps (lib/sft.py) in a fresh process; prints the sha256 of its weights, the kernel
 # capability torch used and the thread count. argv[1]: "pin" calls cpu_repro.pin() before torch is imported.
@@ -49,15 +49,16 @@ def train_tiny(pin: bool, env: dict) -> tuple[str, str, int]:
     return digest, capability, int(threads)
 
 
-@pytest.mark.skipif("avx2" not in cpu_repro.cpu_info()["isa_flags"], reason="the hostile kernels need AVX2")
+@pytest.mark.skipif(not set(cpu_repro.REQUIRED_FLAGS) <= set(cpu_repro.cpu_info()["isa_flags"]),
+                    reason="the pinned kernels need AVX2 and FMA")
 def test_pinned_training_ignores_a_hostile_environment():
     pinned = train_tiny(True, {})
-    assert pinned[1:] == ("DEFAULT", 1)
+    assert pinned[1:] == ("AVX2", 1)
     assert train_tiny(True, HOSTILE) == pinned                   # the pin overrides what the environment says
-    by_hand = train_tiny(False, {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE", "OMP_NUM_THREADS": "1"})
+    by_hand = train_tiny(False, {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "OMP_NUM_THREADS": "1"})
     assert by_hand == pinned                                     # ... and is the documented settings, all of them
     hostile = train_tiny(False, HOSTILE)
-    assert hostile[1:] == ("AVX2", 2) and hostile[0] != pinned[0]  # ... which on its own changes the bytes
+    assert hostile[1:] == ("DEFAULT", 2) and hostile[0] != pinned[0]  # ... which on its own changes the bytes
 
 
 def test_pin_after_torch_under_other_settings_fails_clearly():

@@ -106,8 +106,8 @@ def test_slips_are_off_by_one_and_the_chain_goes_on_from_them():
 
 
 def test_sft_examples_carry_each_models_slip_rate_and_style(tok):
-    """The student's SFT solutions slip at SLIP (a binomial 4-sigma band) and end 50/50 in its two styles; π_pre's
-    are all true arithmetic in the answer-line style."""
+    """The student's SFT solutions slip at SLIP (a binomial 4-sigma band); π_pre's are all true arithmetic; both
+    in the teachers' answer-line style (no box)."""
     for name in ("student", "pre"):
         slipped = clauses_seen = boxed = 0
         examples = toy.sft_examples(name, tok, scale=0.05)
@@ -118,10 +118,7 @@ def test_sft_examples_carry_each_models_slip_rate_and_style(tok):
             boxed += "\\boxed{" in completion
         p, n = toy.SLIP.get(name, 0.0), clauses_seen
         assert abs(slipped / n - p) <= 4 * (p * (1 - p) / n) ** 0.5 + 0.01, (name, slipped, n)
-        if name == "pre":
-            assert boxed == 0
-        else:
-            assert abs(boxed / len(examples) - 0.5) < 0.1
+        assert boxed == 0 and toy.RECIPES[name][3] == "answer_line"
 
 
 def test_extract_int():
