@@ -63,7 +63,7 @@ def measure_rates(n: int = 8192, copy_gib: float = 2.0, reps: int = 5, device=No
     a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     t_mm = _median_time(lambda: torch.mm(a, b), reps, sync)
-    del a, b
+    a = b = None                                       # (freed before the copy buffers are taken)
     nbytes = int(copy_gib * 2**30)
     src = torch.empty(nbytes, dtype=torch.uint8, device=device).random_(0, 255)
     dst = torch.empty_like(src)
@@ -83,7 +83,7 @@ def model_info(shape_or_dir: str) -> dict:
     if shape_or_dir in SHAPES:
         cfg = dict(SHAPES[shape_or_dir])
         for k in ("architectures", "model_type", "dtype"):
-            cfg.pop(k)
+            cfg.pop(k, None)
         config = Qwen2Config(**cfg)
     else:
         config = AutoConfig.from_pretrained(shape_or_dir)

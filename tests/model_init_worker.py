@@ -59,8 +59,9 @@ def main(specs):
         r = {"spec": spec, "rank": d.rank,
              "param_names": list(mp) == list(op),
              "params": all(torch.equal(full(mp[n]), full(op[n])) and mp[n].dtype == op[n].dtype for n in mp),
-             "buffers": all(torch.equal(a, b) for (_, a), (_, b) in zip(meta.named_buffers(), old.named_buffers()))
-             and len(list(meta.named_buffers())) == len(list(old.named_buffers())),
+             "buffers": len(list(meta.named_buffers())) == len(list(old.named_buffers())) and all(
+                 na == nb and torch.equal(a, b) and a.dtype == b.dtype
+                 for (na, a), (nb, b) in zip(meta.named_buffers(), old.named_buffers(), strict=True)),
              "tied": (lm.lm_head.weight is lm.model.embed_tokens.weight) == bool(cfg.tie_word_embeddings),
              "training": lm.training == old.lm.training,
              "requires_grad": [p.requires_grad for p in mp.values()] == [p.requires_grad for p in op.values()],
