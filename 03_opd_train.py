@@ -106,7 +106,8 @@ def parse_args(argv=None):
     a("--compile", nargs="?", const="on", default="auto", choices=["auto", "on", "off"],
       help="torch.compile each decoder layer of the student, teachers and reference (torchtitan-style); auto: on "
            "on CUDA, off on CPU; a bare --compile is on")
-    a("--no-compile", dest="compile", action="store_const", const="off", default=argparse.SUPPRESS, help="--compile off")
+    a("--no-compile", dest="compile", action="store_const", const="off", default=argparse.SUPPRESS,
+      help="--compile off")
     a("--scoring", default="fused-linear", choices=["fused-linear", "logits"],
       help="project hidden states tile by tile (logits never exist) or materialise logits then the kernel")
     a("--resume", action="store_true", help="kept as an alias: rerunning the same command always continues the run "
