@@ -53,7 +53,9 @@ from lib import dist as D
 from lib import benchmarks, models, opd, registry, runs, tracking, train_checkpoint
 from lib.artifacts import atomic_write_json, atomic_write_text, read_jsonl, wall_clock, write_manifest
 from lib.data import prompt_ids, require_rows, stable_seed
-from lib.scoring import TokenScorer, micro_batch_plan, pack, score_ids
+from lib.model_init import build_scorer
+from lib.scoring import pack, regroup, score_ids
+from lib.step_phases import PhaseClock, equal_plan, peak_tflops, resolve_compile, sampler_slots, score_limits
 
 
 # --- config ---
@@ -96,10 +98,16 @@ def parse_args(argv=None):
     a("--micro-batch", type=int, default=8, help="sequences per forward/backward on each rank")
     a("--max-tokens-per-micro", type=int, default=None,
       help="pack micro-batches by padded tokens instead (sequences sorted by length; overrides --micro-batch)")
+    a("--score-tokens-per-micro", type=int, default=None, help="scoring's own token budget per micro-batch (no "
+      "grad: bigger than the update's; default on CUDA 4× the update's micro-batch, on CPU the update's plan)")
     a("--backend", default="hf", choices=["hf", "vllm"], help="rollout engine: in-process torch/hf, or colocated vLLM")
     a("--gpu-memory-utilization", type=float, default=0.3, help="vLLM's share of GPU memory (colocated with the trainer)")
     a("--activation-checkpointing", action="store_true", help="recompute decoder layers in backward")
-    a("--compile", action="store_true", help="torch.compile each decoder layer of the student (torchtitan-style)")
+    a("--compile", nargs="?", const="on", default="auto", choices=["auto", "on", "off"],
+      help="torch.compile each decoder layer of the student, teachers and reference (torchtitan-style); auto: on "
+           "on CUDA, off on CPU; a bare --compile is on")
+    a("--no-compile", dest="compile", action="store_const", const="off", default=argparse.SUPPRESS,
+      help="--compile off")
     a("--scoring", default="fused-linear", choices=["fused-linear", "logits"],
       help="project hidden states tile by tile (logits never exist) or materialise logits then the kernel")
     a("--resume", action="store_true", help="kept as an alias: rerunning the same command always continues the run "
@@ -111,10 +119,9 @@ def parse_args(argv=None):
     a("--seed", type=int, default=42, help="data order and rollout seeds")
     a("--nproc", type=int, default=1, help="launch this many local processes through torchrun")
     a("--peak-tflops", type=float, default=None, help="per-device bf16 peak for MFU (default: by device name)")
-    return p.parse_args(argv)
-
-
-PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}   # dense bf16, vendor datasheets
+    args = p.parse_args(argv)
+    args.compile = resolve_compile(args.compile, torch.cuda.is_available())   # recorded as what ran: on or off
+    return args
 
 
 def log(d: D.Dist, msg: str):
@@ -141,18 +148,12 @@ def load_prompts(args, pair, tokenizer, chat_kwargs, d):
     return list(rows), list(ids), src, over
 
 
-# --- models ---
-
-def load_lm(path, dtype, device):
-    from transformers import AutoModelForCausalLM
-    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
-
+# --- models: built on the meta device, sharded, then filled from the checkpoint (lib/model_init.py) ---
 
 def frozen_scorer(path, args, d, bf16, temperature=1.0):
-    m = TokenScorer(load_lm(path, torch.bfloat16 if bf16 else torch.float32, d.device),
-                    fused_linear=args.scoring == "fused-linear", temperature=temperature)
-    m.requires_grad_(False).eval()
-    return D.shard(m, bf16=False)   # already in its compute dtype: nothing to cast
+    """A teacher or the reference: bf16 on CUDA (no fp32 copy; FSDP2 casts nothing), fp32 on CPU; no grad."""
+    return build_scorer(path, torch.bfloat16 if bf16 else torch.float32, d.device, frozen=True,
+                        fused_linear=args.scoring == "fused-linear", temperature=temperature, compile=args.compile)
 
 
 def make_engine(args, student_path, tokenizer, d, bf16):
@@ -165,9 +166,12 @@ def make_engine(args, student_path, tokenizer, d, bf16):
                                     max_model_len=args.max_prompt_len + args.max_response_len,
                                     gpu_memory_utilization=args.gpu_memory_utilization, seed=args.seed,
                                     enable_sleep_mode=d.device.type == "cuda", **multi)
-    sampler_lm = load_lm(student_path, torch.bfloat16 if bf16 else torch.float32, d.device).eval()
-    # GPU rollouts draw in lib/draw.py's fast mode; CPU runs keep the exact Gumbel-max draws of the eval units
-    return sampling.HFEngine(sampler_lm, tokenizer, batch_size=args.micro_batch * 8, mode="fast" if bf16 else "exact")
+    from transformers import AutoModelForCausalLM
+    sampler_lm = AutoModelForCausalLM.from_pretrained(student_path, dtype=torch.bfloat16 if bf16 else torch.float32)
+    # GPU rollouts draw in lib/draw.py's fast mode, all of a rank's rollouts at once; CPU runs keep the exact
+    # Gumbel-max draws of the eval units
+    return sampling.HFEngine(sampler_lm.to(d.device).eval(), tokenizer, batch_size=sampler_slots(args, d.world, bf16),
+                             mode="fast" if bf16 else "exact")
 
 
 # --- one micro-batch of the loop (steps 2 and 4), functions so that tests run exactly this code ---
@@ -254,10 +258,10 @@ def main(argv=None):
 
     # --- models: student (trainable, fp32 master weights), reference, teachers — all FSDP2-sharded ---
     # student and reference scored at the rollout temperature (logits / T, as verl's actor and ref); teachers at 1
-    student = TokenScorer(load_lm(resolved["student"].path, torch.float32, d.device),
-                          fused_linear=args.scoring == "fused-linear", temperature=args.temperature)
-    n_params = sum(p.numel() for p in student.parameters())
-    D.shard(student, bf16=bf16, activation_checkpointing=args.activation_checkpointing, compile=args.compile)
+    student = build_scorer(resolved["student"].path, torch.float32, d.device, bf16=bf16, compile=args.compile,
+                           fused_linear=args.scoring == "fused-linear", temperature=args.temperature,
+                           activation_checkpointing=args.activation_checkpointing)
+    n_params = sum(p.numel() for p in student.parameters())     # global numel of the sharded (tied: once) params
     ref = frozen_scorer(resolved["student"].path, args, d, bf16, args.temperature) if args.kl_ref == "init" else None
     teachers = {k: frozen_scorer(resolved[k].path, args, d, bf16) for k in roles if k != "student"}
     optim = torch.optim.AdamW(student.parameters(), lr=args.lr, weight_decay=args.weight_decay)
@@ -291,17 +295,15 @@ def main(argv=None):
     tracker = tracking.open_tracker(args.logger, out, settings, resume_step=start) if d.main else tracking.Tracker()
     budget = runs.Budget(args.time_limit, t0=t_start)
     step, stopped, t_mark = start, "collapse" if start and end == start < steps else None, time.monotonic()
-    peak = args.peak_tflops or next((v for k, v in PEAK_TFLOPS.items() if k in torch.cuda.get_device_name(d.device)),
-                                    None) if bf16 else args.peak_tflops
+    peak = peak_tflops(args.peak_tflops, d.device, bf16)
     log(d, f"[03] {args.reward} | pair {args.pair} | student {sspec.model} ({n_params / 1e6:.1f}M) | {W} process(es) "
            f"on {d.device.type} | {steps} steps × {B} prompts × {n} rollouts | caps {args.max_prompt_len}/"
            f"{args.max_response_len}")
 
     # --- the loop ---
+    clock = PhaseClock(d, bf16)        # phases timed (on CUDA between device syncs) with their peak memory
     for step in range(start + 1, end + 1):
-        t0 = time.monotonic()
-        if bf16:
-            torch.cuda.reset_peak_memory_stats()
+        clock.start()
         lo = (step - 1) * B + d.rank * (B // W)                    # this rank's slice of the step's prompts
         mine = list(range(lo, lo + B // W))
 
@@ -310,6 +312,7 @@ def main(argv=None):
         if args.backend == "vllm":
             engine.wake_up(tags=["weights"])
         engine.update_weights(D.full_params(student))
+        clock.mark("sync")
         if args.backend == "vllm":
             engine.wake_up(tags=["kv_cache"])
         from lib.sampling import sample
@@ -319,21 +322,24 @@ def main(argv=None):
                       max_new_tokens=args.max_response_len, progress=False)
         if args.backend == "vllm":
             engine.sleep()
-        t_gen, peak_gen = time.monotonic(), D.phase_peak_gb(d, bf16)
+        clock.mark("gen")
 
         # 2. scoring, no grad. "Old" log-probs = the student's scores of its own rollouts before this step's update:
         #    the PPO ratio's denominator (and the delta-topk weights). Teachers score [sampled | top-K] ids in one
-        #    pass: the forward over the sequence is the cost, a few more ids per position are nearly free.
+        #    pass: the forward over the sequence is the cost, a few more ids per position are nearly free. Scoring
+        #    has its own, bigger micro-batches on CUDA (no grad); their per-token results are regrouped, copied, into
+        #    the update's micro-batches (the same numbers, the top-K ids included)
         K = args.topk if args.reward == "delta-topk" else 0
         seq_lens = [len(p) + len(o.token_ids) for p, o in zip(req_prompts, outs)]
-        plan = micro_batch_plan(seq_lens, args.micro_batch, args.max_tokens_per_micro)
-        plan = micro_batch_plan(seq_lens, args.micro_batch, args.max_tokens_per_micro,
-                                n_micro=int(D.all_max(len(plan), device=d.device)[0]))
-        mbs = []
-        for idx in plan:
-            chunk = [outs[i] for i in idx]
-            batch = pack([req_prompts[i] for i in idx], [o.token_ids for o in chunk], pad_id).to(d.device)
-            mbs.append(score_micro_batch(student, teachers, ref, batch, K, chunk))
+        plan = equal_plan(seq_lens, args.micro_batch, args.max_tokens_per_micro, d.device)
+        score_plan = plan if (lim := score_limits(args, bf16)) is None else equal_plan(seq_lens, *lim, d.device)
+        resp = [o.token_ids for o in outs]
+        packed = lambda idx: pack([req_prompts[i] for i in idx], [resp[i] for i in idx], pad_id).to(d.device)  # noqa: E731
+        scored = [score_micro_batch(student, teachers, ref, packed(idx), K, [outs[i] for i in idx])
+                  for idx in score_plan]
+        mbs = scored if score_plan == plan else [
+            mb | {"batch": packed(idx)} for mb, idx in zip(regroup(scored, score_plan, plan, list(map(len, resp)),
+                                                                  skip="batch"), plan)]
 
         # 3. rewards (DESIGN.md §7.2): an (N, K) advantage per micro-batch, then the means the KL controller reads
         for mb in mbs:
@@ -350,7 +356,7 @@ def main(argv=None):
             if args.reward_center:
                 mb["adv"] = opd.center_reward(mb["adv"], reward_token_mean, w_NK)
             mb["adv"] = opd.eos_policy(mb["adv"], mb["is_stop_N"], args.eos_policy, args.eos_floor, w_NK)
-        t_score, peak_score = time.monotonic(), D.phase_peak_gb(d, bf16)
+        clock.mark("score")
 
         # 4. update: PPO clipped surrogate + kl_coef · k3, token-mean over the GLOBAL batch; one optimizer step
         student.train()
@@ -365,16 +371,17 @@ def main(argv=None):
             upd["kl"] += kl_N.sum().item()
             upd["clipped"] += clipped_NK.sum().item()
             upd["neg_log_ratio"] += neg_log_ratio_NK.sum().item()
+        clock.mark("update")                                          # forward + backward only
         grad_norm = torch.nn.utils.clip_grad_norm_(student.parameters(), args.grad_clip)
         grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
         skipped = not math.isfinite(grad_norm)
         if skipped:
-            optim.zero_grad(set_to_none=True)
             log(d, f"[03] step {step}: non-finite grad norm ({grad_norm}); optimizer step skipped")
         else:
             optim.step()
+        optim.zero_grad(set_to_none=True)
         student.eval()
-        t_update, peak_update = time.monotonic(), D.phase_peak_gb(d, bf16)
+        clock.mark("optimizer")                                       # clip + AdamW step + zero_grad
 
         # 5. metrics (DESIGN.md §7.4): named sums across ranks, each metric beside the sums it divides
         pairs = torch.cat([mb["delta"].flatten() for mb in mbs])     # (token, candidate) log-ratios: the method's
@@ -393,7 +400,7 @@ def main(argv=None):
         s = dict(zip(local, D.all_sum(*(float(v) for v in local.values()), device=d.device)))
         mx = dict(zip(["len_max", "len_neg_min", "pair_max", "pair_neg_min"],
                       D.all_max(max(lens), -min(lens), pairs.max().item(), -pairs.min().item(), device=d.device)))
-        dt = time.monotonic() - t0
+        dt, ts, gb = clock.total(), clock.seconds, clock.peak_gb
         pair_mean, dl_mean, all_tokens = s["pair"] / s["pairs"], s["dl"] / n_tok, s["resp_tokens"] + s["prompt_tokens"]
         m = {"step": step,
              # the method's log-ratio statistics: over all (token, candidate) pairs (K = 1: the sampled token)
@@ -422,13 +429,15 @@ def main(argv=None):
              "teacher_ref/entropy": s["ref_entropy"] / n_tok if two_teachers else None,
              "teacher/entropy_minus_ref": (s["teacher_entropy"] - s["ref_entropy"]) / n_tok if two_teachers else None,
              "rollout/logprob_gap": s["logprob_gap"] / n_tok,
-             "timing_s/gen": t_gen - t0, "timing_s/score": t_score - t_gen, "timing_s/update": t_update - t_score,
-             "timing_s/step": dt, "perf/tokens_per_s": all_tokens / dt,
+             **{f"timing_s/{k}": v for k, v in ts.items()}, "timing_s/step": dt,
+             "perf/tokens": all_tokens, "perf/response_tokens": s["resp_tokens"], "perf/sequences": s["seqs"],
+             "perf/tokens_per_s": all_tokens / dt,
              "perf/micro_batch_sizes": [len(i) for i in plan],            # rank 0's
+             "perf/score_micro_batch_sizes": [len(i) for i in score_plan],
              "perf/padding_frac": 1 - sum(seq_lens) / sum(len(i) * max(seq_lens[j] for j in i) for i in plan),
-             "perf/mfu": (6 * n_params * all_tokens / (t_update - t_score) / (peak * 1e12 * W)) if peak else None,
-             "memory/max_allocated_gb": max(peak_gen, peak_score, peak_update) if bf16 else None,
-             "memory/peak_gb_gen": peak_gen, "memory/peak_gb_score": peak_score, "memory/peak_gb_update": peak_update}
+             "perf/mfu": (6 * n_params * all_tokens / ts["update"] / (peak * 1e12 * W)) if peak else None,
+             "memory/max_allocated_gb": max(gb.values()) if bf16 else None,
+             **{f"memory/peak_gb_{k}": v for k, v in gb.items()}}
         events = watch.update(step, m["response_length/clip_ratio"], m["response_length/mean"])
         if d.main:
             with open(out / "metrics.jsonl", "a") as f:

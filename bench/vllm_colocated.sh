@@ -26,8 +26,8 @@ import json, os, statistics, sys
 path, steps, rc, t_exit, t_last = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
 rows = [json.loads(l) for l in open(path)] if os.path.exists(path) else []
 gap = [r["rollout/logprob_gap"] for r in rows]
-keys = ["timing_s/gen", "timing_s/score", "timing_s/update", "timing_s/step", "perf/mfu", "memory/peak_gb_gen",
-        "memory/peak_gb_score", "memory/peak_gb_update"]
+keys = ["timing_s/sync", "timing_s/gen", "timing_s/score", "timing_s/update", "timing_s/optimizer", "timing_s/step",
+        "perf/mfu", "memory/peak_gb_gen", "memory/peak_gb_score", "memory/peak_gb_update", "memory/peak_gb_optimizer"]
 for r in rows:
     print(f"step {r['step']:>3} " + " ".join(f"{k.split('/')[1]} {r[k]:.2f}" for k in keys if r.get(k) is not None)
           + f" gap {r['rollout/logprob_gap']:.4f}")

@@ -186,3 +186,32 @@ def micro_batch_plan(lengths, max_seqs, max_tokens=None, n_micro=None):
         half = len(plan[j]) // 2
         plan[j:j + 1] = [plan[j][:half], plan[j][half:]]
     return plan
+
+
+def regroup(parts: list[dict], plan_from: list[list[int]], plan_to: list[list[int]], n_tokens: list[int],
+            skip: str | None = None) -> list[dict]:
+    """Per-token results of micro-batches grouped by `plan_from`, regrouped as `plan_to` groups the same sequences:
+    every tensor value (nested dicts of them too; None stays None; the top-level key `skip` dropped) is concatenated,
+    its rows reordered sequence by sequence (`n_tokens[i]` rows for sequence i, in each micro-batch's order) and
+    split again. Values are copied, never recomputed: scoring in big micro-batches and updating in small ones sees
+    the very same numbers."""
+    parts = [{k: v for k, v in p.items() if k != skip} for p in parts]
+    if plan_from == plan_to:
+        return parts
+    start, off = {}, 0
+    for idx in plan_from:
+        for i in idx:
+            start[i], off = off, off + n_tokens[i]
+    perm = torch.tensor([t for idx in plan_to for i in idx for t in range(start[i], start[i] + n_tokens[i])],
+                        dtype=torch.long)
+    sizes = [sum(n_tokens[i] for i in idx) for idx in plan_to]
+
+    def split(values):
+        if values[0] is None:
+            return [None] * len(plan_to)
+        if isinstance(values[0], dict):
+            cols = {k: split([v[k] for v in values]) for k in values[0]}
+            return [{k: cols[k][j] for k in cols} for j in range(len(plan_to))]
+        return list(torch.cat(values)[perm.to(values[0].device)].split(sizes))
+
+    return split(parts)

@@ -183,3 +183,68 @@ def test_micro_batch_plan_by_token_budget():
     assert even == [[5], [1], [3], [2], [6], [0, 4]]                              # the most-padded split first
     with pytest.raises(ValueError, match="micro-batches"):
         plan(lengths, 3, max_tokens=150, n_micro=8)
+
+
+def test_scoring_in_big_micro_batches_regrouped_equals_scoring_in_the_update_plan(world):
+    """Step 2 in one micro-batch of all four rollouts (as scoring's own budget packs it on CUDA), regrouped into the
+    update's two = step 2 run on those two directly: the same top-K ids, stop flags and sampler log-probs, the
+    log-probs and entropies to float tolerance (padding differs); regrouping back returns the very tensors."""
+    from lib.scoring import regroup
+    m03, lms, tok, outs = world["m03"], world["lms"], world["tok"], world["outs"]
+    student, ref = TokenScorer(lms["student"]), TokenScorer(lms["pre"])
+    teachers = {"pi_post": TokenScorer(lms["post"]), "pi_pre": TokenScorer(lms["pre"])}
+
+    def score(idx):
+        batch = pack([world["prompts"][i] for i in idx], [outs[i].token_ids for i in idx], tok.pad_token_id)
+        return m03.score_micro_batch(student, teachers, ref, batch, K, [outs[i] for i in idx])
+
+    big, small, n_tok = [[0, 1, 2, 3]], [[2, 0], [3, 1]], [len(o.token_ids) for o in outs]
+    assert len(set(n_tok)) > 1                                         # sequences of different lengths
+    scored = [score(i) for i in big]
+    got, want = regroup(scored, big, small, n_tok, skip="batch"), [score(i) for i in small]
+    for g, w in zip(got, want):
+        assert set(g) == set(w) - {"batch"}
+        for k in ("topk_ids", "is_stop_N", "sampler_N"):
+            assert torch.equal(g[k], w[k]), k
+        for k in ("old_N", "old_topk", "ent_N", "ref_N", "delta_N"):
+            torch.testing.assert_close(g[k], w[k], atol=1e-5, rtol=1e-5)
+        for k in ("pi_post", "pi_pre"):
+            torch.testing.assert_close(g["lp_t"][k], w["lp_t"][k], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(g["ent_t"][k], w["ent_t"][k], atol=1e-5, rtol=1e-5)
+    back, orig = leaves(regroup(got, small, big, n_tok)[0]), leaves(scored[0])
+    assert back.keys() == orig.keys() and all(torch.equal(back[k], orig[k]) for k in orig)
+
+
+def leaves(mb):
+    """{'key' or 'key/teacher': tensor} of a scored micro-batch, without its Batch."""
+    out = {}
+    for k, v in mb.items():
+        for kk, t in (v.items() if isinstance(v, dict) else [("", v)]):
+            if k != "batch":
+                out[f"{k}/{kk}".rstrip("/")] = t
+    return out
+
+
+def test_step_phase_defaults_cpu_unchanged_cuda_scaled(world):
+    """--compile auto is off here (CPU) and on on CUDA; scoring uses the update's plan on CPU (None) and 4× the
+    update's micro-batch on CUDA; the built-in sampler's slots: --micro-batch × 8 on CPU, B·n/W on CUDA."""
+    from lib.step_phases import PhaseClock, resolve_compile, sampler_slots, score_limits
+    p = world["m03"].parse_args
+    a = p(["--pair=toy"])
+    assert a.compile is False and not torch.cuda.is_available()
+    assert p(["--compile"]).compile is True and p(["--compile", "on"]).compile is True
+    assert p(["--compile", "off"]).compile is False and p(["--no-compile"]).compile is False
+    assert resolve_compile("auto", True) is True and resolve_compile("auto", False) is False
+    assert score_limits(a, cuda=False) is None and score_limits(a, cuda=True) == (32, None)
+    b = p(["--max-tokens-per-micro=1000"])
+    assert score_limits(b, cuda=False) is None and score_limits(b, cuda=True) == (8, 4000)
+    c = p(["--score-tokens-per-micro=5000"])
+    assert score_limits(c, cuda=False) == score_limits(c, cuda=True) == (8, 5000)
+    assert sampler_slots(a, world=1, cuda=False) == 64 and sampler_slots(a, world=2, cuda=True) == 128
+    assert sampler_slots(a, world=1, cuda=True) == 256
+    clock = PhaseClock(None, cuda=False)
+    clock.start()
+    for name in ("sync", "gen"):
+        clock.mark(name)
+    assert list(clock.seconds) == ["sync", "gen"] and clock.peak_gb == {"sync": None, "gen": None}
+    assert 0 <= sum(clock.seconds.values()) <= clock.total()

@@ -1,0 +1,89 @@
+"""How 03_opd_train's step is cut into phases and micro-batches on each device (DESIGN.md §7.4, §7.7).
+
+- `PhaseClock`: the wall time and the peak PyTorch memory of each phase of a step (sync, gen, score, update,
+  optimizer); on CUDA each phase boundary first waits for the device (`torch.cuda.synchronize`), so a phase is
+  charged with its own kernels and not with those still queued from the one before.
+- `equal_plan`: micro-batches (lib/scoring.micro_batch_plan) whose count is the same on every rank (FSDP2 gathers
+  parameters collectively: every rank must run the same number of forwards).
+- `score_limits`: scoring's own micro-batch limits. Scoring is forward-only with no grad, so on CUDA it packs
+  SCORE_MICRO_MULT × the update's micro-batch (tokens or sequences); on CPU it uses the update's plan, so the toy's
+  numbers stay what they are. `--score-tokens-per-micro` sets a token budget anywhere.
+- `resolve_compile`: `--compile auto` is on on CUDA, off on CPU.
+- `peak_tflops`: the bf16 peak perf/mfu divides by.
+- `sampler_slots`: the built-in sampler's slots: on CUDA all of a rank's rollouts at once (B·n/W), on CPU
+  `--micro-batch` × 8 as before.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from lib import dist as D
+from lib.scoring import micro_batch_plan
+
+SCORE_MICRO_MULT = 4        # on CUDA, a scoring micro-batch holds this many update micro-batches' worth
+PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}   # dense bf16, vendor datasheets
+
+
+def peak_tflops(explicit: float | None, device, cuda: bool) -> float | None:
+    """The per-device bf16 peak perf/mfu divides by: --peak-tflops, else by device name on CUDA (None on CPU)."""
+    if explicit or not cuda:
+        return explicit
+    return next((v for k, v in PEAK_TFLOPS.items() if k in torch.cuda.get_device_name(device)), None)
+
+
+def resolve_compile(value: str, cuda: bool) -> bool:
+    if value not in ("auto", "on", "off"):
+        raise ValueError(f"--compile {value!r}: choose auto, on or off")
+    return cuda if value == "auto" else value == "on"
+
+
+def score_limits(args, cuda: bool) -> tuple[int, int | None] | None:
+    """(max sequences, max padded tokens) of a scoring micro-batch, or None: the update's plan."""
+    if args.score_tokens_per_micro is not None:
+        return args.micro_batch, args.score_tokens_per_micro
+    if not cuda:
+        return None
+    if args.max_tokens_per_micro is not None:
+        return args.micro_batch, SCORE_MICRO_MULT * args.max_tokens_per_micro
+    return SCORE_MICRO_MULT * args.micro_batch, None
+
+
+def equal_plan(lengths: list[int], max_seqs: int, max_tokens: int | None, device) -> list[list[int]]:
+    """micro_batch_plan, split until every rank has as many micro-batches as the rank with the most. Collective."""
+    plan = micro_batch_plan(lengths, max_seqs, max_tokens)
+    return micro_batch_plan(lengths, max_seqs, max_tokens, n_micro=int(D.all_max(len(plan), device=device)[0]))
+
+
+def sampler_slots(args, world: int, cuda: bool) -> int:
+    return args.batch_prompts * args.rollouts // world if cuda else args.micro_batch * 8
+
+
+class PhaseClock:
+    """`start()` at the top of a step, `mark(name)` at the end of each phase: `seconds[name]`, `peak_gb[name]`
+    (None on CPU) and `total()` since start."""
+
+    def __init__(self, d: D.Dist, cuda: bool):
+        self.d, self.cuda = d, cuda
+        self.seconds: dict[str, float] = {}
+        self.peak_gb: dict[str, float | None] = {}
+
+    def _now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize(self.d.device)
+        return time.monotonic()
+
+    def start(self) -> None:
+        self.seconds, self.peak_gb = {}, {}
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(self.d.device)
+        self.t0 = self.t = self._now()
+
+    def mark(self, name: str) -> None:
+        now = self._now()
+        self.seconds[name], self.t = now - self.t, now
+        self.peak_gb[name] = D.phase_peak_gb(self.d, self.cuda)
+
+    def total(self) -> float:
+        return time.monotonic() - self.t0
