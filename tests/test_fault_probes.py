@@ -1,6 +1,6 @@
 """bench/fault_probes.py, the scorecard of issue 17: it lists exactly 42 probes, and one probe runs end to end.
 
-The whole scorecard (~12 min on 2 CPU cores) is run by hand: `python bench/fault_probes.py --out DIR`; its last
+The whole scorecard (7–12 min on 2 busy CPU cores) is run by hand: `python bench/fault_probes.py --out DIR`; its last
 result is bench/results/fault_probes_2026-12-01.md."""
 import importlib.util
 import json
