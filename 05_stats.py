@@ -34,10 +34,14 @@ from pathlib import Path
 
 from lib.cli import HelpFormatter
 from lib import stats
+from lib.errors import refuse_in_one_line
 from lib.artifacts import ArtifactError, atomic_write_json, read_json, sha256_file, verify_dir, wall_clock, write_manifest
 from lib.campaign import (CURVE_KEYS, collapse_watch, diagnostics, earlier_runs, find_runs, load_run, load_units,
                           manifest_runs, pending_runs, pending_units, run_identity)
 from lib.registry import PAIRS, PROTOCOLS, STUDENTS
+
+# a changed input or a unit that cannot be paired is refused in one line naming it, not with a traceback
+refuse_in_one_line("05_stats", ArtifactError, stats.AlignmentError)
 
 # --- args ---
 ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=HelpFormatter)

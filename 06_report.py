@@ -37,6 +37,7 @@ from lib.cli import HelpFormatter
 from lib import figures
 from lib.artifacts import (ArtifactError, atomic_write_json, atomic_write_text, read_json, sha256_file, verify_dir,
                            wall_clock, write_manifest)
+from lib.errors import refuse_in_one_line
 from lib.campaign import earlier_runs, find_runs, find_units, manifest_runs, time_ledger
 from lib.registry import PAIRS
 from lib.stats import format_gain, verdict
@@ -47,6 +48,8 @@ STATS = ("teacher_gains", "student_gains", "transfer", "cap_sensitivity", "diagn
 REWARD_NAMES = {"opd": "classic OPD, one teacher", "delta-sampled": "Direct-OPD, sampled-token shift reward",
                 "delta-topk": "Direct-OPD, weighted top-K shift reward"}
 REWARD_SHORT = {"opd": "OPD reward", "delta-sampled": "shift reward", "delta-topk": "weighted shift reward"}
+
+refuse_in_one_line("06_report", ArtifactError)   # a changed input: one line naming it, not a traceback
 
 # --- args ---
 ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=HelpFormatter)

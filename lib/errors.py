@@ -13,3 +13,18 @@ class UserError(SystemExit):
 
     def __str__(self) -> str:
         return str(self.code)
+
+
+def refuse_in_one_line(stage: str, *kinds: type) -> None:
+    """For a stage written as a top-level script (05_stats, 06_report): an uncaught exception of one of `kinds` (a
+    refused input: a changed file, a unit that cannot be paired) ends the process with status 1 and its message as
+    one line `<stage>: <message>` on stderr, not a traceback. Any other exception keeps its traceback (a bug)."""
+    import sys
+    previous = sys.excepthook
+
+    def hook(tp, exc, tb):
+        if issubclass(tp, kinds):
+            print(f"{stage}: {' '.join(str(exc).split())}", file=sys.stderr)
+        else:
+            previous(tp, exc, tb)
+    sys.excepthook = hook

@@ -765,7 +765,9 @@ def test_stats_refuses_changed_input(tmp_path):
     p = run_dir / "evals" / "toy-post" / "toy" / "greedy" / "samples.jsonl"
     p.write_text(p.read_text().replace('"correct": false', '"correct": true', 1))
     r = run_stage("05_stats.py", run_dir, ok=False)
-    assert r.returncode != 0 and "toy-post/toy/greedy/samples.jsonl" in r.stderr and "changed" in r.stderr
+    assert r.returncode == 1 and "Traceback" not in r.stderr                  # a refusal, not a crash: one line
+    [line] = r.stderr.strip().splitlines()
+    assert line.startswith("05_stats: ") and "toy-post/toy/greedy/samples.jsonl" in line and "changed" in line
 
 
 def test_report_refuses_changed_stats(tmp_path):
@@ -774,7 +776,8 @@ def test_report_refuses_changed_stats(tmp_path):
     p = run_dir / "stats" / "teacher_gains.json"
     p.write_text(p.read_text().replace('"pass": true', '"pass": false'))
     r = run_stage("06_report.py", run_dir, ok=False)
-    assert r.returncode != 0 and "stats/teacher_gains.json" in r.stderr and "05_stats" in r.stderr
+    assert r.returncode == 1 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "stats/teacher_gains.json" in r.stderr and "05_stats" in r.stderr
     assert not (run_dir / "report" / "README.md").exists()
     run_stage("05_stats.py", run_dir, "--pair", "toy")                       # fresh stats, then a unit appears
     write_unit(run_dir, "toy-post", "sample32", P_CORRECT["toy-post"], 96, 40, 99)
