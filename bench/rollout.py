@@ -7,12 +7,14 @@ ablations), vLLM and transformers `generate`, side by side in one process run, r
 
 Every request has a prompt of P random ids and samples exactly N tokens (`--lengths P+N,…`) at T = 1, top-p = 1
 (the stop id is the vocabulary size, which no method can emit), so each method does B × N tokens of work.
-tokens/s = B × N / wall seconds of the whole call (prefill included), measured after one identical untimed call.
+tokens/s = B × N / wall seconds of the whole call (prefill included), measured after one identical untimed call
+(vLLM's untimed call: the same requests, `--vllm-warmup-tokens` new tokens each).
 
 Methods: `ours` (the decoder's CUDA defaults: fused q|k|v and gate|up GEMMs, compiled layer blocks, Triton split-K
-attention over the live length), `ours_prev` (the configuration before them: bench/RESULTS.md's run 2),
-`ours_exact` (ours with exact Gumbel-max draws), ablations `ours_nofuse`, `ours_nocompile`, `ours_matmul` (ours
-with one optimization off), `vllm` (vLLM's LLM on the same random weights, saved with save_pretrained; one
+attention over the live length, the fast draw's two-level search), `ours_prev` (the configuration before them:
+bench/RESULTS.md's run 2), `ours_exact` (ours with exact Gumbel-max draws), ablations `ours_nofuse`,
+`ours_nocompile`, `ours_matmul`, `ours_plaindraw` (ours with one optimization off), `ours_autotune` (the blocks
+compiled with mode max-autotune-no-cudagraphs: minutes of compile per slot count), `vllm` (vLLM's LLM on the same random weights, saved with save_pretrained; one
 engine per shape, started after the other methods and freed before the next shape), `generate_static`,
 `generate_dynamic` (transformers). A method that fails prints a row with its error and the run goes on.
 
@@ -46,9 +48,10 @@ SHAPES = REAL | {"tiny": dict(hidden_size=128, intermediate_size=256, num_hidden
                               num_key_value_heads=2, vocab_size=512)}      # for a CPU smoke run of this script
 VARIANTS = {   # decoder options per method (mode + the switches lib/decode.py documents); {} = its defaults
     "ours": dict(mode="fast"), "ours_exact": dict(mode="exact"),
-    "ours_prev": dict(mode="fast", fuse_gemms=False, compile_step=False, attn_impl="matmul"),
+    "ours_prev": dict(mode="fast", fuse_gemms=False, compile_step=False, attn_impl="matmul", draw_blocked=False),
     "ours_nofuse": dict(mode="fast", fuse_gemms=False), "ours_nocompile": dict(mode="fast", compile_step=False),
-    "ours_matmul": dict(mode="fast", attn_impl="matmul"),
+    "ours_matmul": dict(mode="fast", attn_impl="matmul"), "ours_plaindraw": dict(mode="fast", draw_blocked=False),
+    "ours_autotune": dict(mode="fast", compile_step="max-autotune-no-cudagraphs"),
 }
 args = None
 
@@ -62,6 +65,8 @@ def parse(argv=None):
                    "generate_static, generate_dynamic")
     p.add_argument("--attn", default=None, help="override the decoder's attention for every ours* method")
     p.add_argument("--vllm-mem", type=float, default=0.5, help="vLLM gpu_memory_utilization")
+    p.add_argument("--vllm-warmup-tokens", type=int, default=64, help="new tokens of vLLM's untimed call (its "
+                   "graphs are captured at start; the other methods' untimed call is the timed one's twin)")
     p.add_argument("--vllm-inprocess", action="store_true", help="VLLM_ENABLE_V1_MULTIPROCESSING=0 (lib/sampling_vllm)")
     p.add_argument("--bandwidth", type=float, default=4.3e12, help="bytes/s for the bound")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="torch device")
@@ -167,9 +172,9 @@ def run_generate(model, prompts, N, static):
     return out[:, ids.shape[1]:].numel()
 
 
-def timed(fn):
-    """(tokens, seconds) of fn() after one identical untimed call (compile, graphs, allocator)."""
-    fn()
+def timed(fn, warm=None):
+    """(tokens, seconds) of fn() after one untimed call, `warm()` or else identical (compile, graphs, allocator)."""
+    (warm or fn)()
     sync()
     t = time.perf_counter()
     n = fn()
@@ -232,11 +237,12 @@ def run_vllm(shape, path, cfg, n_params, cases):
         return
     for B, P, N, prompts in cases:
         try:
-            sp = SamplingParams(n=1, temperature=1.0, top_p=1.0, max_tokens=N, min_tokens=N, ignore_eos=True,
-                                detokenize=False)
+            sp, warm = (SamplingParams(n=1, temperature=1.0, top_p=1.0, max_tokens=n, min_tokens=n, ignore_eos=True,
+                                       detokenize=False) for n in (N, min(N, args.vllm_warmup_tokens)))
             reqs = [TokensPrompt(prompt_token_ids=p) for p in prompts]
             n_tok, dt = timed(lambda r=reqs, s=sp: sum(len(o.outputs[0].token_ids)
-                                                       for o in llm.generate(r, s, use_tqdm=False)))
+                                                       for o in llm.generate(r, s, use_tqdm=False)),
+                              warm=lambda r=reqs, s=warm: llm.generate(r, s, use_tqdm=False))
         except Exception as e:  # noqa: BLE001
             emit({"shape": shape, "B": B, "P": P, "N": N, "method": "vllm", "error": f"{type(e).__name__}: {e}"[:400]})
             continue

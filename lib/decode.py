@@ -16,7 +16,8 @@ its own row. Grouped-query attention without copying K/V: a kv head's G query he
     v2   (CUDA default) one GEMM for q|k|v and one for gate|up (`fuse_gemms`: concatenated copies of the weights,
          rebuilt from the model at the start of every `run`), each layer two torch.compile'd blocks
          (`compile_step`, a torch.compile mode if a str), attention by lib/decode_triton.py over each slot's live
-         length (`attn_impl="triton"`, split in `attn_chunk` positions; no buckets: one graph for every length)
+         length (`attn_impl="triton"`, tuned by `attn_opts`; no buckets: one graph for every length); the fast
+         draw's cumulative sums in two levels (`draw_blocked`, lib/draw.py)
 CPU runs v1 eagerly unless asked otherwise; its numerics are those of the toy campaign. Slot invariance: a request's
 tokens do not depend on the slot count or batch-mates up to the numerics of the GEMMs (v2's attention is per slot).
 
@@ -45,7 +46,7 @@ class Decoder:
                  mode: str, cuda_graphs: bool | None = None, sync_every: int | None = None,
                  kv_bucket: int | None = None, prefill_tokens: int = 65_536, attn_impl: str | None = None,
                  fuse: bool | None = None, fuse_gemms: bool | None = None, compile_step: bool | str | None = None,
-                 attn_chunk: int = 128):
+                 attn_opts: dict | None = None, draw_blocked: bool | None = None):
         cfg = model.config
         if cfg.model_type not in SUPPORTED or getattr(cfg, "use_sliding_window", False):
             raise TypeError(f"lib.decode runs full-attention {SUPPORTED} decoders; {type(model).__name__} "
@@ -60,9 +61,9 @@ class Decoder:
         self.sync_every = sync_every or (16 if cuda else 1)
         self.kv_bucket = kv_bucket or (256 if cuda else 1)
         self.refill_min = max(1, slots // 8)
-        pow2 = self.D >= 16 and not self.D & (self.D - 1)
-        self.prefill_tokens = prefill_tokens
+        pow2, self.prefill_tokens = self.D >= 16 and not self.D & (self.D - 1), prefill_tokens
         self.attn_impl = attn_impl or ("sdpa" if not cuda else "triton" if pow2 else "matmul")
+        self.draw_blocked = cuda if draw_blocked is None else draw_blocked     # lib/draw.py's two-level search
         self.eps, self.silu = cfg.rms_norm_eps, getattr(cfg, "hidden_act", None) == "silu"
         self.fuse_gemms = cuda if fuse_gemms is None else fuse_gemms
         self.compile_step = cuda if compile_step is None else compile_step
@@ -78,11 +79,10 @@ class Decoder:
             self.blocks = make_blocks(self.H, self.Hkv, self.D, self.eps, act, self.compile_step or False)
             self.weights = FusedWeights(model, self.fuse_gemms)
         self.split_attn = None
-        if self.attn_impl == "triton":
-            # imported lazily: TRITON_INTERPRET is read at its import
+        if self.attn_impl == "triton":   # imported lazily (TRITON_INTERPRET is read at its import); attn_opts:
             from lib.decode_triton import SplitAttention
             self.split_attn = SplitAttention(slots, self.H, self.Hkv, self.D, max_len, self.dtype, self.device,
-                                             chunk=attn_chunk)
+                                             **attn_opts or {})                # chunk, block, warps, stages
         kw = dict(device=self.device, dtype=self.dtype)
         self.k = [torch.zeros(slots, self.Hkv, max_len, self.D, **kw) for _ in self.layers]   # (S, H_kv, T, D)
         self.v = [torch.zeros_like(k) for k in self.k]
@@ -188,7 +188,7 @@ class Decoder:
 
     def _draw(self, logits, lo, hi, step, trim):
         return draw_tokens(logits, lo, hi, step, self.temp, self.top_p, greedy=self.greedy,
-                           use_top_p=self.use_top_p, mode=self.mode, trim=trim)
+                           use_top_p=self.use_top_p, mode=self.mode, trim=trim, blocked=self.draw_blocked)
 
     def _step(self, kv_len: int):
         fwd = self._forward_decode_v2 if self.v2 else self._forward_decode

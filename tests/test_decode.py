@@ -25,14 +25,14 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from lib.decode import Decoder  # noqa: E402
-from lib.draw import M32, gumbel_noise, split_seeds, uniform52  # noqa: E402
+from lib.draw import M32, draw_tokens, gumbel_noise, split_seeds, uniform52  # noqa: E402
 from lib.sampling import HFEngine, sample  # noqa: E402
 from test_sampling import build_tokenizer, forward_logprobs, reference_probs  # noqa: E402
 
 MAX_NEW = 9
 GPU_STYLE = dict(sync_every=4, kv_bucket=8, attn_impl="matmul")     # what CUDA ran before v2, minus the graphs
 V2 = dict(fuse_gemms=True, sync_every=4)                            # v2 eagerly: fused GEMMs, v1's attention
-V2_TRITON = dict(fuse_gemms=True, attn_impl="triton", attn_chunk=16, sync_every=4)   # + the split-K kernel
+V2_TRITON = dict(fuse_gemms=True, attn_impl="triton", attn_opts={"chunk": 16}, sync_every=4)   # + split-K kernel
 
 
 @pytest.fixture(scope="module")
@@ -180,3 +180,16 @@ def test_cuda_configuration_constructs_on_cpu(tiny):
     assert dec.v2 and dec.split_attn.n_split == 1 and all(hasattr(b, "_torchdynamo_orig_callable") for b in dec.blocks)
     cpu = Decoder(tiny[1], slots=2, max_len=32, max_new_tokens=4, stop_ids=[0], mode="fast")
     assert not cpu.v2 and cpu.attn_impl == "sdpa"                        # CPU: v1, the toy campaign's numerics
+
+
+@pytest.mark.parametrize("V,top_p", [(3001, 1.0), (2048, 1.0), (3001, 0.9)])
+def test_blocked_inverse_cdf_draws_the_same_tokens(V, top_p):
+    """CUDA's fast draw (block sums, then one block's scan) against the one-scan search CPU runs: the same tokens on
+    rows of every temperature (a differing one would need u · mass within float32 rounding of a boundary)."""
+    g = torch.Generator().manual_seed(V)
+    logits = torch.randn(96, V, generator=g) * torch.linspace(0.1, 8, 96)[:, None]
+    lo, hi = split_seeds(list(range(96)))
+    kw = dict(greedy=False, use_top_p=top_p < 1, mode="fast", trim=False)
+    plain, lp = draw_tokens(logits, lo, hi, 5, 1.0, top_p, blocked=False, **kw)
+    blocked, lp2 = draw_tokens(logits, lo, hi, 5, 1.0, top_p, blocked=True, **kw)
+    assert torch.equal(plain, blocked) and torch.equal(lp, lp2) and len(set(plain.tolist())) > 48
