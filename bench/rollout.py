@@ -2,7 +2,8 @@
 ablations), vLLM and transformers `generate`, side by side in one process run, random weights, no early stop.
 
     python bench/rollout.py --check --out results.jsonl                  (one H200: every shape, length, B, method)
-    python bench/rollout.py --shapes qwen2.5-1.5b --lengths 256+400 --batches 256 --methods ours   (03's step)
+    python bench/rollout.py --shapes qwen2.5-1.5b --lengths 256+400 --batches 256 --slots 64,128,256 --methods ours
+                                                                     (03's step: 256 rollouts through S slots)
     python bench/rollout.py --shapes tiny --batches 4 --lengths 16+8 --methods ours,ours_prev --check  (CPU smoke)
 
 Every request has a prompt of P random ids and samples exactly N tokens (`--lengths P+N,…`) at T = 1, top-p = 1
@@ -63,6 +64,9 @@ def parse(argv=None):
     p.add_argument("--lengths", default="512+1024", help="comma-separated PROMPT+NEW token counts, e.g. 512+1024,256+400")
     p.add_argument("--methods", default="ours,ours_prev,vllm", help=f"comma-separated, of {sorted(VARIANTS)}, vllm, "
                    "generate_static, generate_dynamic")
+    p.add_argument("--slots", default=None, type=lambda x: [int(v) for v in x.split(",")],
+                   help="comma-separated decoder slot counts for ours* (default B; 03_opd_train's HFEngine has "
+                   "8 × --micro-batch): B requests through S slots, continuous batching")
     p.add_argument("--attn", default=None, help="override the decoder's attention for every ours* method")
     p.add_argument("--vllm-mem", type=float, default=0.5, help="vLLM gpu_memory_utilization")
     p.add_argument("--vllm-warmup-tokens", type=int, default=64, help="new tokens of vLLM's untimed call (its "
@@ -97,9 +101,9 @@ def emit(row: dict):
             f.write(json.dumps(row) + "\n")
 
 
-def decoder(model, name, B, P, N, **kw):
+def decoder(model, name, S, P, N, **kw):
     opts = VARIANTS[name] | ({"attn_impl": args.attn} if args.attn else {}) | kw
-    return Decoder(model, slots=B, max_len=P + N, max_new_tokens=N, stop_ids=[model.config.vocab_size], **opts)
+    return Decoder(model, slots=S, max_len=P + N, max_new_tokens=N, stop_ids=[model.config.vocab_size], **opts)
 
 
 # --- on-device correctness ---
@@ -182,8 +186,8 @@ def timed(fn, warm=None):
     return n, time.perf_counter() - t
 
 
-def row(shape, cfg, n_params, B, P, N, name, n_tok, dt, **extra):
-    bd = bound(cfg, n_params, B, P, N)
+def row(shape, cfg, n_params, B, P, N, name, n_tok, dt, concurrency=None, **extra):
+    bd = bound(cfg, n_params, concurrency or B, P, N)              # the bound of `concurrency` sequences at a time
     emit({"shape": shape, "B": B, "P": P, "N": N, "method": name, "tokens": n_tok, "seconds": round(dt, 3),
           "tokens_per_s": round(n_tok / dt), "bound_tokens_per_s": round(bd), "pct_of_bound": round(100 * n_tok / dt / bd, 1),
           "device": torch.cuda.get_device_name() if cuda() else "cpu",
@@ -197,16 +201,17 @@ def bound(cfg, n_params: int, B: int, P: int, N: int) -> float:
 
 
 def run_local(shape, model, cases, methods):
-    """The in-process methods, case by case; each decoder is freed after its two calls."""
+    """The in-process methods, case by case (ours* once per --slots value); each decoder freed after its calls."""
     cfg, n_params = model.config, sum(t.numel() for t in model.parameters())
     for B, P, N, prompts in cases:
-        for name in methods:
+        for name, S in [(m, min(S, B)) for m in methods for S in (args.slots if m in VARIANTS else [B])]:
             try:
                 if name in VARIANTS:
-                    dec = decoder(model, name, B, P, N)
+                    dec = decoder(model, name, S, P, N)
                     n_tok, dt = timed(lambda d=dec, ps=prompts: sum(len(o[0]) for o in d.run(
                         ps, list(range(len(ps))), temperature=1.0, top_p=1.0)))
-                    extra = {"options": VARIANTS[name], "attn": dec.attn_impl, "step": "v2" if dec.v2 else "v1"}
+                    extra = {"slots": S, "options": VARIANTS[name], "attn": dec.attn_impl,
+                             "step": "v2" if dec.v2 else "v1"}
                     dec = None
                 else:
                     n_tok, dt = timed(lambda ps=prompts, n=N, s=name == "generate_static": run_generate(model, ps, n, s))
@@ -216,7 +221,7 @@ def run_local(shape, model, cases, methods):
                 free()
                 continue
             free()
-            row(shape, cfg, n_params, B, P, N, name, n_tok, dt, **extra)
+            row(shape, cfg, n_params, B, P, N, name, n_tok, dt, concurrency=S, **extra)
             if cuda():
                 torch.cuda.reset_peak_memory_stats()
 
@@ -258,6 +263,7 @@ def run_vllm(shape, path, cfg, n_params, cases):
 def main(argv=None):
     global args
     args = parse(argv)
+    args.slots = args.slots or [1 << 30]                             # min(·, B): B slots unless given
     from transformers import Qwen2Config, Qwen2ForCausalLM
     if args.check:
         check()

@@ -193,3 +193,17 @@ def test_blocked_inverse_cdf_draws_the_same_tokens(V, top_p):
     plain, lp = draw_tokens(logits, lo, hi, 5, 1.0, top_p, blocked=False, **kw)
     blocked, lp2 = draw_tokens(logits, lo, hi, 5, 1.0, top_p, blocked=True, **kw)
     assert torch.equal(plain, blocked) and torch.equal(lp, lp2) and len(set(plain.tolist())) > 48
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_v2_greedy_equals_generate_on_llama_and_qwen3(arch):
+    """v2's blocks on the other supported layouts: no q|k|v bias (llama), per-head q/k norms (qwen3)."""
+    import transformers
+    M, C = (getattr(transformers, f"{arch.capitalize()}{k}") for k in ("ForCausalLM", "Config"))
+    torch.manual_seed(0)
+    model = M(C(vocab_size=300, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=32, initializer_range=0.2)).eval()
+    prompts = odd_prompts()[:4]
+    refs = [model.generate(torch.tensor([p]), do_sample=False, max_new_tokens=MAX_NEW, eos_token_id=None,
+                           pad_token_id=0)[0, len(p):].tolist() for p in prompts]
+    assert [ids for ids, _ in run(model, prompts, [0] * 4, [300], **V2)] == refs
