@@ -1,26 +1,41 @@
-"""Rollout throughput at the real shapes: transformers `generate` (dynamic cache), `generate` (static cache, which
-compiles itself) and lib/decode.py's decoder (fast and exact draws), side by side, random weights, no early stop.
+"""Rollout throughput at the real shapes: lib/decode.py's decoder (its current and its previous configuration, and
+ablations), vLLM and transformers `generate`, side by side in one process run, random weights, no early stop.
 
-    python bench/rollout.py --check --out results.jsonl                 (one H200: every shape, B and method)
-    python bench/rollout.py --shapes tiny --batches 4 --prompt-len 16 --new-tokens 8 --check     (a CPU smoke run)
+    python bench/rollout.py --check --out results.jsonl                  (one H200: every shape, length, B, method)
+    python bench/rollout.py --shapes qwen2.5-1.5b --lengths 256+400 --batches 256 --slots 64,128,256 --methods ours
+                                                                     (03's step: 256 rollouts through S slots)
+    python bench/rollout.py --shapes tiny --batches 4 --lengths 16+8 --methods ours,ours_prev --check  (CPU smoke)
 
-Every request has a prompt of `--prompt-len` random ids and samples exactly `--new-tokens` tokens at T = 1,
-top-p = 1 (the stop id is the vocabulary size, which no method can emit), so each method does B × N tokens of work.
-tokens/s = B × N / wall seconds of the whole call (prefill included), measured after one identical untimed call.
+Every request has a prompt of P random ids and samples exactly N tokens (`--lengths P+N,…`) at T = 1, top-p = 1
+(the stop id is the vocabulary size, which no method can emit), so each method does B × N tokens of work.
+tokens/s = B × N / wall seconds of the whole call (prefill included), measured after one identical untimed call
+(vLLM's untimed call: the same requests, `--vllm-warmup-tokens` new tokens each).
+
+Methods: `ours` (the decoder's CUDA defaults: fused q|k|v and gate|up GEMMs, compiled layer blocks, Triton split-K
+attention over the live length, the fast draw's two-level search), `ours_prev` (the configuration before them:
+bench/RESULTS.md's run 2), `ours_exact` (ours with exact Gumbel-max draws), ablations `ours_nofuse`,
+`ours_nocompile`, `ours_matmul`, `ours_plaindraw` (ours with one optimization off), `ours_autotune` (the blocks
+compiled with mode max-autotune-no-cudagraphs: minutes of compile per slot count), `vllm` (vLLM's LLM on the same random weights, saved with save_pretrained; one
+engine per shape, started after the other methods and freed before the next shape), `generate_static`,
+`generate_dynamic` (transformers). A method that fails prints a row with its error and the run goes on.
 
 Bandwidth bound (what a decode step must at least read: every weight once, every sequence's KV cache once):
     t_step(t) = (W + B · kv · (P + t)) / BW,   bound = B · N / Σ_{t<N} t_step(t)
-W = parameter bytes (bf16), kv = 2 · layers · kv_heads · head_dim · 2 bytes per cached token, P = prompt length,
-BW = --bandwidth (default 4.3 TB/s, the H200's attained streaming read used for the issue's bounds).
+W = parameter bytes (bf16), kv = 2 · layers · kv_heads · head_dim · 2 bytes per cached token, BW = --bandwidth
+(default 4.3 TB/s, the H200's attained streaming read used for the issue's bounds).
 `--check` first runs correctness checks on the device (greedy = generate on a tiny fp32 Qwen2 with CUDA graphs;
-sampled tokens independent of the slot count; bf16 log-prob gap against a forward pass at the 1.5B shape).
-Each result row is appended to `--out` (JSONL) as soon as it is measured.
+sampled tokens independent of the slot count; weights changed in place reach the next run; bf16 log-prob gap
+against a forward pass at each real shape). Each result row is appended to `--out` (JSONL) as soon as measured.
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import os
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -32,24 +47,51 @@ from lib.shapes import SHAPES as REAL  # noqa: E402
 
 SHAPES = REAL | {"tiny": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
                               num_key_value_heads=2, vocab_size=512)}      # for a CPU smoke run of this script
+VARIANTS = {   # decoder options per method (mode + the switches lib/decode.py documents); {} = its defaults
+    "ours": dict(mode="fast"), "ours_exact": dict(mode="exact"),
+    "ours_prev": dict(mode="fast", fuse_gemms=False, compile_step=False, attn_impl="matmul", draw_blocked=False),
+    "ours_nofuse": dict(mode="fast", fuse_gemms=False), "ours_nocompile": dict(mode="fast", compile_step=False),
+    "ours_matmul": dict(mode="fast", attn_impl="matmul"), "ours_plaindraw": dict(mode="fast", draw_blocked=False),
+    "ours_autotune": dict(mode="fast", compile_step="max-autotune-no-cudagraphs"),
+}
+args = None
 
-p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-p.add_argument("--shapes", default="qwen2.5-1.5b,qwen2.5-7b", help="comma-separated lib/shapes.py shapes, or tiny")
-p.add_argument("--batches", default="64,256", help="comma-separated batch sizes B")
-p.add_argument("--prompt-len", type=int, default=512, help="prompt tokens P")
-p.add_argument("--new-tokens", type=int, default=1024, help="new tokens N per request")
-p.add_argument("--methods", default="ours,ours_exact,generate_static,generate_dynamic", help="comma-separated")
-p.add_argument("--attn", default="sdpa", help="decoder attention: sdpa | matmul")
-p.add_argument("--bandwidth", type=float, default=4.3e12, help="bytes/s for the bound")
-p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="torch device")
-p.add_argument("--check", action="store_true", help="run the on-device correctness checks first")
-p.add_argument("--out", default=None, help="append result rows here (JSONL)")
-args = p.parse_args()
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--shapes", default="qwen2.5-1.5b,qwen2.5-7b", help="comma-separated lib/shapes.py shapes, or tiny")
+    p.add_argument("--batches", default="64,256", help="comma-separated batch sizes B")
+    p.add_argument("--lengths", default="512+1024", help="comma-separated PROMPT+NEW token counts, e.g. 512+1024,256+400")
+    p.add_argument("--methods", default="ours,ours_prev,vllm", help=f"comma-separated, of {sorted(VARIANTS)}, vllm, "
+                   "generate_static, generate_dynamic")
+    p.add_argument("--slots", default=None, type=lambda x: [int(v) for v in x.split(",")],
+                   help="comma-separated decoder slot counts for ours* (default B; 03_opd_train's HFEngine has "
+                   "8 × --micro-batch): B requests through S slots, continuous batching")
+    p.add_argument("--attn", default=None, help="override the decoder's attention for every ours* method")
+    p.add_argument("--vllm-mem", type=float, default=0.5, help="vLLM gpu_memory_utilization")
+    p.add_argument("--vllm-warmup-tokens", type=int, default=64, help="new tokens of vLLM's untimed call (its "
+                   "graphs are captured at start; the other methods' untimed call is the timed one's twin)")
+    p.add_argument("--vllm-inprocess", action="store_true", help="VLLM_ENABLE_V1_MULTIPROCESSING=0 (lib/sampling_vllm)")
+    p.add_argument("--bandwidth", type=float, default=4.3e12, help="bytes/s for the bound")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="torch device")
+    p.add_argument("--check", action="store_true", help="run the on-device correctness checks first")
+    p.add_argument("--out", default=None, help="append result rows here (JSONL)")
+    return p.parse_args(argv)
+
+
+def cuda() -> bool:
+    return args.device.startswith("cuda")
 
 
 def sync():
-    if args.device.startswith("cuda"):
+    if cuda():
         torch.cuda.synchronize()
+
+
+def free():
+    gc.collect()
+    if cuda():
+        torch.cuda.empty_cache()
 
 
 def emit(row: dict):
@@ -57,6 +99,11 @@ def emit(row: dict):
     if args.out:
         with open(args.out, "a") as f:
             f.write(json.dumps(row) + "\n")
+
+
+def decoder(model, name, S, P, N, **kw):
+    opts = VARIANTS[name] | ({"attn_impl": args.attn} if args.attn else {}) | kw
+    return Decoder(model, slots=S, max_len=P + N, max_new_tokens=N, stop_ids=[model.config.vocab_size], **opts)
 
 
 # --- on-device correctness ---
@@ -70,60 +117,81 @@ def check():
     g = torch.Generator().manual_seed(4)
     prompts = [torch.randint(3, 400, (n,), generator=g).tolist() for n in (1, 7, 3, 12, 5, 9, 2)]
     N = 24
-    res = {}
-    for slots in (3, 7):
-        dec = Decoder(tiny, slots=slots, max_len=40, max_new_tokens=N, stop_ids=[400], mode="fast", attn_impl=args.attn)
-        res[("greedy", slots)] = dec.run(prompts, [0] * 7, temperature=0, top_p=1.0)
-        for mode in ("fast", "exact"):
-            dec.mode = mode
-            res[(mode, slots)] = dec.run(prompts, list(range(7)), temperature=0.9, top_p=0.9)
-        res[("graphs", slots)] = len(dec.graphs)
-    same_greedy = all(ids == tiny.generate(torch.tensor([p], device=args.device), do_sample=False, max_new_tokens=N,
-                                           eos_token_id=None, pad_token_id=0)[0, len(p):].tolist()
-                      for p, (ids, _) in zip(prompts, res[("greedy", 3)]))
-    emit({"check": "tiny fp32, CUDA graphs", "greedy_equals_generate": same_greedy,
-          "graphs_captured": res[("graphs", 3)],
-          **{f"{m}_same_tokens_3_vs_7_slots": [a[0] for a in res[(m, 3)]] == [b[0] for b in res[(m, 7)]]
-             for m in ("greedy", "fast", "exact")}})
+    refs = [tiny.generate(torch.tensor([p], device=args.device), do_sample=False, max_new_tokens=N,
+                          eos_token_id=None, pad_token_id=0)[0, len(p):].tolist() for p in prompts]
+    for name in ("ours", "ours_prev"):
+        try:
+            res = {}
+            for slots in (3, 7):
+                dec = decoder(tiny, name, slots, 16, N)      # a 40-position cache
+                res[("greedy", slots)] = dec.run(prompts, [0] * 7, temperature=0, top_p=1.0)
+                for mode in ("fast", "exact"):
+                    dec.mode = mode
+                    res[(mode, slots)] = dec.run(prompts, list(range(7)), temperature=0.9, top_p=0.9)
+                res[("graphs", slots)] = len(dec.graphs)
+            with torch.no_grad():                       # weights changed in place reach the next run (fused copies)
+                saved = [t.clone() for t in tiny.parameters()]
+                for t in tiny.parameters():
+                    t.mul_(1.5)
+                dec.mode = VARIANTS[name]["mode"]
+                after = dec.run(prompts, list(range(7)), temperature=1.0, top_p=1.0)
+                fresh = decoder(tiny, name, 7, 16, N).run(prompts, list(range(7)), temperature=1.0, top_p=1.0)
+                for t, s in zip(tiny.parameters(), saved):
+                    t.copy_(s)
+            emit({"check": f"tiny fp32, CUDA graphs, {name}", "greedy_equals_generate": all(
+                    ids == r for r, (ids, _) in zip(refs, res[("greedy", 3)])),
+                  "graphs_captured": res[("graphs", 3)],
+                  **{f"{m}_same_tokens_3_vs_7_slots": [a[0] for a in res[(m, 3)]] == [b[0] for b in res[(m, 7)]]
+                     for m in ("greedy", "fast", "exact")},
+                  "in_place_update_reaches_next_run": [a[0] for a in after] == [b[0] for b in fresh]})
+        except Exception as e:  # noqa: BLE001
+            emit({"check": f"tiny fp32, {name}", "error": f"{type(e).__name__}: {e}"[:400]})
 
 
-def logprob_gap(model, B=8, P=64, N=64):
+def logprob_gap(model, name, B=8, P=64, N=64):
     """bf16: max |decoder log-prob − a teacher-forced forward pass| on sampled tokens (what rollout/logprob_gap is)."""
-    V = model.config.vocab_size
     g = torch.Generator().manual_seed(5)
-    prompts = torch.randint(0, V, (B, P), generator=g).tolist()
-    dec = Decoder(model, slots=B, max_len=P + N, max_new_tokens=N, stop_ids=[V], mode="fast", attn_impl=args.attn)
-    outs = dec.run(prompts, list(range(B)), temperature=1.0, top_p=1.0)
-    ids = torch.tensor([pr + o[0] for pr, o in zip(prompts, outs)], device=args.device)
-    with torch.no_grad():
-        lp = torch.log_softmax(model(ids).logits[:, P - 1:-1].float(), -1).gather(2, ids[:, P:, None])[..., 0]
-    gap = (lp - torch.tensor([o[1] for o in outs], device=args.device)).abs()
-    emit({"check": "logprob gap bf16", "max": gap.max().item(), "mean": gap.mean().item()})
+    prompts = torch.randint(0, model.config.vocab_size, (B, P), generator=g).tolist()
+    try:
+        outs = decoder(model, name, B, P, N).run(prompts, list(range(B)), temperature=1.0, top_p=1.0)
+        ids = torch.tensor([pr + o[0] for pr, o in zip(prompts, outs)], device=args.device)
+        with torch.no_grad():
+            lp = torch.log_softmax(model(ids).logits[:, P - 1:-1].float(), -1).gather(2, ids[:, P:, None])[..., 0]
+        gap = (lp - torch.tensor([o[1] for o in outs], device=args.device)).abs()
+        emit({"check": f"logprob gap bf16, {name}", "max": gap.max().item(), "mean": gap.mean().item()})
+    except Exception as e:  # noqa: BLE001
+        emit({"check": f"logprob gap bf16, {name}", "error": f"{type(e).__name__}: {e}"[:400]})
+    free()
 
 
-# --- the methods: each samples B × N tokens ---
-
-def run_ours(model, prompts, N, mode):
-    dec = decoders.setdefault((mode, len(prompts)), Decoder(
-        model, slots=len(prompts), max_len=args.prompt_len + N, max_new_tokens=N, stop_ids=[model.config.vocab_size],
-        mode=mode, attn_impl=args.attn))
-    outs = dec.run(prompts, list(range(len(prompts))), temperature=1.0, top_p=1.0)
-    return sum(len(o[0]) for o in outs)
-
+# --- the methods: each samples B × N tokens, returns the count ---
 
 def run_generate(model, prompts, N, static):
     from transformers import GenerationConfig
-    gc = GenerationConfig(do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=N,
-                          eos_token_id=model.config.vocab_size, pad_token_id=0,
-                          cache_implementation="static" if static else None)
+    gc_ = GenerationConfig(do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=N,
+                           eos_token_id=model.config.vocab_size, pad_token_id=0,
+                           cache_implementation="static" if static else None)
     ids = torch.tensor(prompts, device=args.device)                  # equal lengths: no padding
-    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=gc)
+    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=gc_)
     return out[:, ids.shape[1]:].numel()
 
 
-METHODS = {"ours": lambda m, ps, n: run_ours(m, ps, n, "fast"), "ours_exact": lambda m, ps, n: run_ours(m, ps, n, "exact"),
-           "generate_dynamic": lambda m, ps, n: run_generate(m, ps, n, False),
-           "generate_static": lambda m, ps, n: run_generate(m, ps, n, True)}
+def timed(fn, warm=None):
+    """(tokens, seconds) of fn() after one untimed call, `warm()` or else identical (compile, graphs, allocator)."""
+    (warm or fn)()
+    sync()
+    t = time.perf_counter()
+    n = fn()
+    sync()
+    return n, time.perf_counter() - t
+
+
+def row(shape, cfg, n_params, B, P, N, name, n_tok, dt, concurrency=None, **extra):
+    bd = bound(cfg, n_params, concurrency or B, P, N)              # the bound of `concurrency` sequences at a time
+    emit({"shape": shape, "B": B, "P": P, "N": N, "method": name, "tokens": n_tok, "seconds": round(dt, 3),
+          "tokens_per_s": round(n_tok / dt), "bound_tokens_per_s": round(bd), "pct_of_bound": round(100 * n_tok / dt / bd, 1),
+          "device": torch.cuda.get_device_name() if cuda() else "cpu",
+          "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1) if cuda() else None, **extra})
 
 
 def bound(cfg, n_params: int, B: int, P: int, N: int) -> float:
@@ -132,42 +200,102 @@ def bound(cfg, n_params: int, B: int, P: int, N: int) -> float:
     return B * N / seconds
 
 
-# --- timing ---
-
-if args.check:
-    check()
-device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
-for shape in args.shapes.split(","):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-    cfg = Qwen2Config(**SHAPES[shape])
-    torch.manual_seed(0)
-    with torch.device(args.device):
-        model = Qwen2ForCausalLM(cfg).to(torch.bfloat16 if args.device.startswith("cuda") else torch.float32).eval()
-    n_params = sum(t.numel() for t in model.parameters())
-    if args.check:
-        logprob_gap(model)
-    decoders: dict = {}
-    for B in map(int, args.batches.split(",")):
-        g = torch.Generator().manual_seed(1)
-        prompts = torch.randint(0, cfg.vocab_size, (B, args.prompt_len), generator=g).tolist()
-        for name in args.methods.split(","):
+def run_local(shape, model, cases, methods):
+    """The in-process methods, case by case (ours* once per --slots value); each decoder freed after its calls."""
+    cfg, n_params = model.config, sum(t.numel() for t in model.parameters())
+    for B, P, N, prompts in cases:
+        for name, S in [(m, min(S, B)) for m in methods for S in (args.slots if m in VARIANTS else [B])]:
             try:
-                METHODS[name](model, prompts, args.new_tokens)         # warm-up: compile, graphs, allocator
-                sync()
-                t = time.perf_counter()
-                n_tok = METHODS[name](model, prompts, args.new_tokens)
-                sync()
-                dt = time.perf_counter() - t
+                if name in VARIANTS:
+                    dec = decoder(model, name, S, P, N)
+                    n_tok, dt = timed(lambda d=dec, ps=prompts: sum(len(o[0]) for o in d.run(
+                        ps, list(range(len(ps))), temperature=1.0, top_p=1.0)))
+                    extra = {"slots": S, "options": VARIANTS[name], "attn": dec.attn_impl,
+                             "step": "v2" if dec.v2 else "v1"}
+                    dec = None
+                else:
+                    n_tok, dt = timed(lambda ps=prompts, n=N, s=name == "generate_static": run_generate(model, ps, n, s))
+                    extra = {}
             except Exception as e:  # noqa: BLE001  (one method failing must not lose the others' rows)
-                emit({"shape": shape, "B": B, "method": name, "error": f"{type(e).__name__}: {e}"[:400]})
+                emit({"shape": shape, "B": B, "P": P, "N": N, "method": name, "error": f"{type(e).__name__}: {e}"[:400]})
+                free()
                 continue
-            bd = bound(cfg, n_params, B, args.prompt_len, args.new_tokens)
-            emit({"shape": shape, "B": B, "P": args.prompt_len, "N": args.new_tokens, "method": name,
-                  "attn": args.attn if name.startswith("ours") else None, "tokens": n_tok, "seconds": round(dt, 3),
-                  "tokens_per_s": round(n_tok / dt), "bound_tokens_per_s": round(bd),
-                  "pct_of_bound": round(100 * n_tok / dt / bd, 1), "device": device_name,
-                  "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1) if device_name != "cpu" else None})
-        decoders.clear()
-        if device_name != "cpu":
-            torch.cuda.empty_cache()
-    del model
+            free()
+            row(shape, cfg, n_params, B, P, N, name, n_tok, dt, concurrency=S, **extra)
+            if cuda():
+                torch.cuda.reset_peak_memory_stats()
+
+
+def run_vllm(shape, path, cfg, n_params, cases):
+    """vLLM's LLM over the saved random model: one engine for all cases, one untimed call before each timed one."""
+    if args.vllm_inprocess:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    llm = None
+    try:
+        from vllm import LLM, SamplingParams
+        from vllm.inputs import TokensPrompt
+        llm = LLM(model=str(path), dtype="bfloat16", gpu_memory_utilization=args.vllm_mem, enforce_eager=False,
+                  seed=0, skip_tokenizer_init=True, generation_config="vllm",
+                  max_model_len=max(P + N for _, P, N, _ in cases), max_num_seqs=max(B for B, _, _, _ in cases))
+    except Exception as e:  # noqa: BLE001
+        emit({"shape": shape, "method": "vllm", "error": f"{type(e).__name__}: {e}"[:400]})
+        return
+    for B, P, N, prompts in cases:
+        try:
+            sp, warm = (SamplingParams(n=1, temperature=1.0, top_p=1.0, max_tokens=n, min_tokens=n, ignore_eos=True,
+                                       detokenize=False) for n in (N, min(N, args.vllm_warmup_tokens)))
+            reqs = [TokensPrompt(prompt_token_ids=p) for p in prompts]
+            n_tok, dt = timed(lambda r=reqs, s=sp: sum(len(o.outputs[0].token_ids)
+                                                       for o in llm.generate(r, s, use_tqdm=False)),
+                              warm=lambda r=reqs, s=warm: llm.generate(r, s, use_tqdm=False))
+        except Exception as e:  # noqa: BLE001
+            emit({"shape": shape, "B": B, "P": P, "N": N, "method": "vllm", "error": f"{type(e).__name__}: {e}"[:400]})
+            continue
+        import vllm
+        row(shape, cfg, n_params, B, P, N, "vllm", n_tok, dt, vllm=vllm.__version__)
+    shutdown = getattr(getattr(llm.llm_engine, "engine_core", None), "shutdown", None)
+    if shutdown is not None:                 # the engine process (multiprocessing mode) goes now, not at exit
+        shutdown()
+    llm = None
+    free()
+
+
+def main(argv=None):
+    global args
+    args = parse(argv)
+    args.slots = args.slots or [1 << 30]                             # min(·, B): B slots unless given
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    if args.check:
+        check()
+    lengths = [tuple(map(int, x.split("+"))) for x in args.lengths.split(",")]
+    methods = args.methods.split(",")
+    for shape in args.shapes.split(","):
+        cfg = Qwen2Config(**SHAPES[shape])
+        torch.manual_seed(0)
+        with torch.device(args.device):
+            model = Qwen2ForCausalLM(cfg).to(torch.bfloat16 if cuda() else torch.float32).eval()
+        n_params = sum(t.numel() for t in model.parameters())
+        if args.check:
+            for name in ("ours", "ours_prev"):
+                logprob_gap(model, name)
+        cases = []
+        for P, N in lengths:
+            for B in map(int, args.batches.split(",")):
+                g = torch.Generator().manual_seed(1)
+                cases.append((B, P, N, torch.randint(0, cfg.vocab_size, (B, P), generator=g).tolist()))
+        run_local(shape, model, cases, [m for m in methods if m != "vllm"])
+        if "vllm" in methods:
+            path = Path(tempfile.mkdtemp(prefix=f"rollout-{shape}-"))
+            try:
+                model.save_pretrained(path)
+                del model
+                free()
+                run_vllm(shape, path, cfg, n_params, cases)
+            finally:
+                shutil.rmtree(path, ignore_errors=True)
+        model = None
+        free()
+
+
+if __name__ == "__main__":      # vLLM's engine process re-imports this file (spawn): nothing may run on import
+    main()

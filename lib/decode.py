@@ -8,13 +8,23 @@
               the batch; a finished slot still computes until it is refilled)
 
 The cache is preallocated, K and V each (S, H_kv, T_max, D) per layer, a slot's sequence starting at position 0 of
-its own row; a decode step attends over the first `kv_len` positions (kv_len rounded up to `kv_bucket`, one graph
-per bucket) with a per-slot mask pos ≤ pos_S. Grouped-query attention without copying K/V: a kv head's G query
-heads are laid out as G query rows, (S, H_kv, G, D) against (S, H_kv, T, D).
+its own row. Grouped-query attention without copying K/V: a kv head's G query heads are G query rows. Two steps:
 
-The layers are the model's own modules (projections, norms, MLP, rotary table), so weights pushed into the model
-in place (HFEngine.update_weights) are what the next step reads, graphs included; only attention and the cache are
-ours. Supported: model_type qwen2, llama, qwen3 (per-head q/k norms), full attention.
+    v1   (CPU; `fuse_gemms=False, compile_step=False, attn_impl="sdpa"|"matmul"`) the model's own projections,
+         attention over the first `kv_len` positions (rounded up to `kv_bucket`, one graph per bucket) masked to
+         pos ≤ pos_S, small glue functions compiled one kernel each on CUDA (`fuse`)
+    v2   (CUDA default) one GEMM for q|k|v and one for gate|up (`fuse_gemms`: concatenated copies of the weights,
+         rebuilt from the model at the start of every `run`), each layer two torch.compile'd blocks
+         (`compile_step`, a torch.compile mode if a str), attention by lib/decode_triton.py over each slot's live
+         length (`attn_impl="triton"`, tuned by `attn_opts`; no buckets: one graph for every length); the fast
+         draw's cumulative sums in two levels (`draw_blocked`, lib/draw.py)
+CPU runs v1 eagerly unless asked otherwise; its numerics are those of the toy campaign. Slot invariance: a request's
+tokens do not depend on the slot count or batch-mates up to the numerics of the GEMMs (v2's attention is per slot).
+
+The layers are the model's own modules (norms, rotary table, projections or v2's copies of them), so weights
+pushed into the model in place (HFEngine.update_weights) are what the next run reads, graphs included (a replaced
+tensor, one with a new address, drops the graphs); only attention and the cache are ours. Supported: model_type
+qwen2, llama, qwen3 (per-head q/k norms), full attention.
 """
 from __future__ import annotations
 
@@ -23,42 +33,10 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 
+from lib.decode_step import V1_PIECES, FusedWeights, _rope, make_blocks
 from lib.draw import draw_tokens, split_seeds
 
 SUPPORTED = ("qwen2", "llama", "qwen3")
-
-
-def _rope(x, cos, sin):
-    """Rotary embedding as Hugging Face applies it: x·cos + rotate_half(x)·sin."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
-
-
-# The decode step's elementwise pieces, written as functions so that on CUDA each compiles to one fused kernel:
-# a small model's step is ~1,000 kernels, and at 2–4 µs each the launches, not the bytes, set its speed.
-
-def _rms(x, w, eps: float):
-    """RMSNorm as Qwen2 / Llama compute it: in fp32, the weight applied after the cast back."""
-    h = x.float()
-    return w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-
-
-def _add_rms(x, d, w, eps: float):
-    """The residual add and the next norm: (x + d, rms(x + d))."""
-    x = x + d
-    return x, _rms(x, w, eps)
-
-
-def _rope2(q, k, cos, sin):
-    return _rope(q, cos, sin), _rope(k, cos, sin)
-
-
-def _silu_mul(g, u):
-    return F.silu(g) * u
-
-
-def _masked_softmax(w, mask, scale: float):
-    return torch.softmax(w.float().mul(scale).masked_fill(~mask, float("-inf")), -1).to(w.dtype)
 
 
 class Decoder:
@@ -67,7 +45,8 @@ class Decoder:
     def __init__(self, model, *, slots: int, max_len: int, max_new_tokens: int, stop_ids: list[int],
                  mode: str, cuda_graphs: bool | None = None, sync_every: int | None = None,
                  kv_bucket: int | None = None, prefill_tokens: int = 65_536, attn_impl: str | None = None,
-                 fuse: bool | None = None):
+                 fuse: bool | None = None, fuse_gemms: bool | None = None, compile_step: bool | str | None = None,
+                 attn_opts: dict | None = None, draw_blocked: bool | None = None):
         cfg = model.config
         if cfg.model_type not in SUPPORTED or getattr(cfg, "use_sliding_window", False):
             raise TypeError(f"lib.decode runs full-attention {SUPPORTED} decoders; {type(model).__name__} "
@@ -82,13 +61,28 @@ class Decoder:
         self.sync_every = sync_every or (16 if cuda else 1)
         self.kv_bucket = kv_bucket or (256 if cuda else 1)
         self.refill_min = max(1, slots // 8)
-        self.prefill_tokens, self.attn_impl = prefill_tokens, attn_impl or ("matmul" if cuda else "sdpa")
+        pow2, self.prefill_tokens = self.D >= 16 and not self.D & (self.D - 1), prefill_tokens
+        self.attn_impl = attn_impl or ("sdpa" if not cuda else "triton" if pow2 else "matmul")
+        self.draw_blocked = cuda if draw_blocked is None else draw_blocked     # lib/draw.py's two-level search
         self.eps, self.silu = cfg.rms_norm_eps, getattr(cfg, "hidden_act", None) == "silu"
-        fns = dict(rms=_rms, add_rms=_add_rms, rope2=_rope2, silu_mul=_silu_mul, masked_softmax=_masked_softmax)
-        if cuda if fuse is None else fuse:      # one kernel each, compiled once per shape (slot count, kv bucket)
+        self.fuse_gemms = cuda if fuse_gemms is None else fuse_gemms
+        self.compile_step = cuda if compile_step is None else compile_step
+        self.v2 = bool(self.fuse_gemms or self.compile_step or self.attn_impl == "triton")
+        fns, pieces = V1_PIECES, not self.v2 and (cuda if fuse is None else fuse)
+        if pieces or self.v2 and self.compile_step:             # graphs per slot count (v1: and kv bucket)
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+        if pieces:                                              # v1: one kernel each
             fns = {k: torch.compile(f, dynamic=False, fullgraph=True) for k, f in fns.items()}
         self.fx = SimpleNamespace(**fns)
+        if self.v2:                                             # v2: two compiled blocks per layer, weights as args
+            act = F.silu if self.silu else self.layers[0].mlp.act_fn
+            self.blocks = make_blocks(self.H, self.Hkv, self.D, self.eps, act, self.compile_step or False)
+            self.weights = FusedWeights(model, self.fuse_gemms)
+        self.split_attn = None
+        if self.attn_impl == "triton":   # imported lazily (TRITON_INTERPRET is read at its import); attn_opts:
+            from lib.decode_triton import SplitAttention
+            self.split_attn = SplitAttention(slots, self.H, self.Hkv, self.D, max_len, self.dtype, self.device,
+                                             **attn_opts or {})                # chunk, block, warps, stages
         kw = dict(device=self.device, dtype=self.dtype)
         self.k = [torch.zeros(slots, self.Hkv, max_len, self.D, **kw) for _ in self.layers]   # (S, H_kv, T, D)
         self.v = [torch.zeros_like(k) for k in self.k]
@@ -102,7 +96,7 @@ class Decoder:
         self.out_tok_SN = torch.zeros(slots, max_new_tokens, **i64)
         self.out_lp_SN = torch.zeros(slots, max_new_tokens, device=self.device, dtype=torch.float32)
         self.temp, self.top_p = (torch.ones((), device=self.device) for _ in range(2))
-        self.graphs, self.pool = {}, None
+        self.graphs, self.pool, self.ptrs = {}, None, None
 
     # --- the forward passes (the model's modules, our attention) ---
 
@@ -167,14 +161,38 @@ class Decoder:
             x, h = fx.add_rms(x, self._mlp(layer.mlp, h), nxt.weight, self.eps)
         return self.model.lm_head(h[:, 0])
 
+    def _forward_decode_v2(self, kv_len: int):
+        """v1's step in two blocks a layer (lib/decode_step.py), attention over the live length (`triton`) or as v1."""
+        S, G, D, (attn_in, attn_out_mlp) = self.S, self.H // self.Hkv, self.D, self.blocks
+        x = self.model.model.embed_tokens(self.tok_S)                     # (S, E)
+        cos, sin = self.cos[self.pos_S][:, None], self.sin[self.pos_S][:, None]   # (S, 1, D)
+        if self.split_attn is None:
+            mask = (torch.arange(kv_len, device=self.device) <= self.pos_S[:, None])[:, None, None]
+            at = self.pos_S[:, None, None, None].expand(S, self.Hkv, 1, D)
+        h = self.fx.rms(x, self.layers[0].input_layernorm.weight, self.eps)
+        for l, (layer, w) in enumerate(zip(self.layers, self.weights.layers)):
+            scale = layer.self_attn.scaling
+            q, k, v = attn_in(h, w["qkv"], w["q_norm"], w["k_norm"], w["qk_eps"], cos, sin)   # (S, H|H_kv, D)
+            if self.split_attn is not None:                                 # writes k, v into the cache too
+                o = self.split_attn(q, k, v, self.k[l], self.v[l], self.pos_S, scale)
+            else:
+                self.k[l].scatter_(2, at, k[:, :, None])
+                self.v[l].scatter_(2, at, v[:, :, None])
+                o = self._attend(q.reshape(S, self.Hkv, G, D), self.k[l][:, :, :kv_len],
+                                 self.v[l][:, :, :kv_len], mask, scale)
+            x, h = attn_out_mlp(x, o.reshape(S, self.H * D), w["wo"], w["ln2"], w["gate_up"], w["wd"],
+                                w["ln_next"])
+        return self.model.lm_head(h)
+
     # --- one decode step: forward, draw, bookkeeping (graph-safe: no host sync) ---
 
     def _draw(self, logits, lo, hi, step, trim):
         return draw_tokens(logits, lo, hi, step, self.temp, self.top_p, greedy=self.greedy,
-                           use_top_p=self.use_top_p, mode=self.mode, trim=trim)
+                           use_top_p=self.use_top_p, mode=self.mode, trim=trim, blocked=self.draw_blocked)
 
     def _step(self, kv_len: int):
-        tok_S, lp_S = self._draw(self._forward_decode(kv_len), self.lo_S, self.hi_S, self.step_S, trim=False)
+        fwd = self._forward_decode_v2 if self.v2 else self._forward_decode
+        tok_S, lp_S = self._draw(fwd(kv_len), self.lo_S, self.hi_S, self.step_S, trim=False)
         live_S = ~self.done_S
         col = self.step_S.clamp(max=self.N - 1)[:, None]
         self.out_tok_SN.scatter_(1, col, torch.where(live_S[:, None], tok_S[:, None], self.out_tok_SN.gather(1, col)))
@@ -233,6 +251,9 @@ class Decoder:
         if max(map(len, prompts)) + self.N > self.T:
             raise ValueError(f"a prompt of {max(map(len, prompts))} tokens + {self.N} new exceeds the decoder's "
                              f"cache of {self.T} positions; build it with a larger max_len")
+        ptrs = self.weights.refresh() if self.v2 else tuple(t.data_ptr() for t in self.model.parameters())
+        if ptrs != self.ptrs:                                  # a weight tensor was replaced, not written in place:
+            self.graphs, self.ptrs = {}, ptrs                  # graphs captured its old address
         self.greedy, self.use_top_p = temperature == 0, top_p < 1
         self.temp.fill_(temperature if temperature > 0 else 1.0)
         self.top_p.fill_(top_p)
@@ -255,8 +276,8 @@ class Decoder:
                 return out
             k = min(self.sync_every, max(self.N - hstep[s] for s in held))
             if k > 0:
-                kv = max(hpos[s] for s in held) + k
-                kv = min(self.T, -(-kv // self.kv_bucket) * self.kv_bucket)
+                kv = max(hpos[s] for s in held) + k           # the bucket (the triton kernel reads lengths)
+                kv = self.T if self.split_attn else min(self.T, -(-kv // self.kv_bucket) * self.kv_bucket)
                 for _ in range(k):
                     self._replay(kv)
                 for s in held:

@@ -48,11 +48,13 @@ class HFEngine:
 
     `model_or_path`: an nn.Module (the trainer's live student, sampled in place with its training mode restored, or
     a sampler copy kept current by `update_weights`) or a folder loaded with `dtype` ("auto" = the checkpoint's) onto
-    `device` (default cuda if present). `mode`: "fast" | "exact" (lib/draw.py says what each guarantees)."""
+    `device` (default cuda if present). `mode`: "fast" | "exact" (lib/draw.py says what each guarantees).
+    `decoder_options`: more Decoder keywords (lib/decode.py: fuse_gemms, compile_step, attn_impl, …)."""
     backend = "hf"
 
     def __init__(self, model_or_path, tokenizer, *, batch_size: int = 64, dtype="auto", device=None,
-                 stop_token_ids: list[int] | None = None, mode: str = "exact", cuda_graphs: bool | None = None):
+                 stop_token_ids: list[int] | None = None, mode: str = "exact", cuda_graphs: bool | None = None,
+                 decoder_options: dict | None = None):
         if mode not in MODES:
             raise ValueError(f"HFEngine: unknown mode {mode!r}; choose one of {MODES}")
         if isinstance(model_or_path, torch.nn.Module):
@@ -62,13 +64,14 @@ class HFEngine:
             device = device or ("cuda" if torch.cuda.is_available() else "cpu")
             self.model = AutoModelForCausalLM.from_pretrained(model_or_path, dtype=dtype).to(device).eval()
         self.tokenizer, self.batch_size, self.mode, self.cuda_graphs = tokenizer, batch_size, mode, cuda_graphs
+        self.decoder_options = decoder_options or {}
         self.stop = stop_token_ids or stop_ids(tokenizer, self.model)
         self.decoder, self.decoder_key = None, None
 
     def update_weights(self, named_tensors) -> None:
         """Copy trainer weights (HF names; tied aliases such as lm_head.weight accepted) into the sampler's model, in
-        place (the decoder's CUDA graphs read these very tensors). Tensors that already are the model's own storage
-        (a live student) are skipped."""
+        place (the decoder's CUDA graphs read these very tensors; its fused copies are rebuilt from them at the start
+        of every run). Tensors that already are the model's own storage (a live student) are skipped."""
         params = self.model.state_dict(keep_vars=True)
         with torch.no_grad():
             for name, t in named_tensors:
@@ -92,7 +95,8 @@ class HFEngine:
         if key != self.decoder_key:
             self.decoder = None                                                # free the old cache first
             self.decoder = Decoder(self.model, slots=key[0], max_len=key[1], max_new_tokens=max_new_tokens,
-                                   stop_ids=self.stop, mode=self.mode, cuda_graphs=self.cuda_graphs)
+                                   stop_ids=self.stop, mode=self.mode, cuda_graphs=self.cuda_graphs,
+                                   **self.decoder_options)
             self.decoder_key = key
         return self.decoder
 

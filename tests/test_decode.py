@@ -5,21 +5,34 @@
   per host sync, bucketed key lengths, GEMM attention) run eagerly;
 - sampled tokens = a teacher-forced reference that re-runs the whole prefix through the model at every step and
   draws with the same (seed, step) key, for both modes; raw log-probs within 1e-4 of that forward pass (the
-  training loop's `rollout/logprob_gap` must stay < 1e-3 in fp32).
+  training loop's `rollout/logprob_gap` must stay < 1e-3 in fp32);
+- the fast step (v2, CUDA's default) run eagerly on CPU: greedy = `generate` with fused q|k|v and gate|up GEMMs,
+  with v1's attention and with the Triton split-K kernel (Triton's interpreter, TRITON_INTERPRET=1, set here
+  before the kernel module is imported); the kernel alone against a float64 reference, cache write included;
+  weights pushed by HFEngine.update_weights reach the fused copies (a stale copy fails it); CUDA's configuration
+  constructs here (its compiled blocks are not run on CPU).
 """
 from __future__ import annotations
 
+import copy
 import math
+import os
 
 import pytest
 import torch
 
-from lib.decode import Decoder
-from lib.draw import M32, gumbel_noise, split_seeds, uniform52
-from test_sampling import build_tokenizer, forward_logprobs, reference_probs
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from lib.decode import Decoder  # noqa: E402
+from lib.draw import M32, draw_tokens, gumbel_noise, split_seeds, uniform52  # noqa: E402
+from lib.sampling import HFEngine, sample  # noqa: E402
+from test_sampling import build_tokenizer, forward_logprobs, reference_probs  # noqa: E402
 
 MAX_NEW = 9
-GPU_STYLE = dict(sync_every=4, kv_bucket=8, attn_impl="matmul")     # what CUDA runs, minus the graphs
+GPU_STYLE = dict(sync_every=4, kv_bucket=8, attn_impl="matmul")     # what CUDA ran before v2, minus the graphs
+V2 = dict(fuse_gemms=True, sync_every=4)                            # v2 eagerly: fused GEMMs, v1's attention
+V2_TRITON = dict(fuse_gemms=True, attn_impl="triton", attn_opts={"chunk": 16}, sync_every=4)   # + split-K kernel
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +65,8 @@ def run(model, prompts, seeds, stop, *, slots=3, T=0.0, top_p=1.0, mode="fast", 
     return dec.run(prompts, seeds, temperature=T, top_p=top_p)
 
 
-@pytest.mark.parametrize("config", [{}, GPU_STYLE], ids=["cpu", "gpu-style"])
+@pytest.mark.parametrize("config", [{}, GPU_STYLE, V2, V2 | GPU_STYLE | dict(kv_bucket=4), V2_TRITON],
+                         ids=["cpu", "gpu-style", "v2", "v2-matmul", "v2-triton"])
 def test_greedy_equals_generate_with_refills_stops_and_caps(tiny, config):
     tok, model = tiny
     prompts = odd_prompts()
@@ -110,3 +124,86 @@ def test_refuses_other_architectures_and_overlong_prompts(tiny):
     dec = Decoder(tiny[1], slots=2, max_len=16, max_new_tokens=8, stop_ids=[0], mode="fast")
     with pytest.raises(ValueError, match="larger max_len"):
         dec.run([[5] * 9], [0], temperature=0, top_p=1.0)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_split_attention_kernel_equals_a_float64_reference_and_writes_the_new_row(dtype, tol):
+    """GQA with G = 3 (padded to 16 rows), 5 chunks of 16 (the last ragged), positions 0, 15, 16 (chunk edges)
+    and T − 1; the new k, v come from the arguments, land in the cache at pos, and nothing else is written."""
+    from lib.decode_triton import SplitAttention
+    S, H, Hkv, D, T, dev = 4, 6, 2, 32, 70, "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator().manual_seed(0)
+    kc, vc = (torch.randn(S, Hkv, T, D, generator=g).to(dev, dtype) for _ in range(2))
+    q, k, v = (torch.randn(S, h, D, generator=g).to(dev, dtype) for h in (H, Hkv, Hkv))
+    pos = torch.tensor([0, 15, 16, T - 1], device=dev)
+    kr, vr = kc.clone(), vc.clone()
+    for s in range(S):
+        kr[s, :, pos[s]], vr[s, :, pos[s]] = k[s], v[s]
+    o = SplitAttention(S, H, Hkv, D, T, dtype, dev, chunk=16)(q, k, v, kc, vc, pos, 0.3)
+    assert torch.equal(kc, kr) and torch.equal(vc, vr)
+    for s in range(S):
+        L = int(pos[s]) + 1
+        kk, vv = (c[s, :, :L].double().repeat_interleave(H // Hkv, 0) for c in (kr, vr))    # (H, L, D)
+        ref = torch.softmax(q[s, :, None].double() @ kk.transpose(-1, -2) * 0.3, -1) @ vv     # (H, 1, D)
+        assert (o[s].double() - ref[:, 0]).abs().max() < tol
+    with pytest.raises(ValueError, match="power-of-2"):
+        SplitAttention(S, H, Hkv, 48, T, dtype, dev)
+
+
+def test_fused_copies_follow_update_weights(tiny):
+    """03_opd_train's pattern: a sampler copy in an engine kept between calls, new weights pushed in place by
+    update_weights. The next run must sample what a fresh engine on the new weights samples (tokens and log-probs
+    bit for bit): a fused q|k|v or gate|up copy left stale would not."""
+    tok, model = tiny
+    prompts, seeds = odd_prompts(), list(range(7))
+    kw = dict(temperature=1.0, top_p=1.0, max_new_tokens=MAX_NEW, progress=False)
+    eng = HFEngine(copy.deepcopy(model), tok, batch_size=3, decoder_options=V2)
+    before = sample(eng, prompts, seeds, **kw)
+    dec = eng.decoder
+    g = torch.Generator().manual_seed(1)
+    new = {n: p + 0.2 * torch.randn(p.shape, generator=g) for n, p in model.named_parameters()}
+    eng.update_weights(new.items())
+    after = sample(eng, prompts, seeds, **kw)
+    assert eng.decoder is dec and dec.v2 and dec.weights.fuse            # the same decoder, its copies refreshed
+    fresh_model = copy.deepcopy(model)
+    fresh_model.load_state_dict(new, strict=False)
+    fresh = sample(HFEngine(fresh_model, tok, batch_size=3, decoder_options=V2), prompts, seeds, **kw)
+    assert [c.token_ids for c in after] == [c.token_ids for c in fresh] != [c.token_ids for c in before]
+    assert [c.logprobs for c in after] == [c.logprobs for c in fresh]
+
+
+def test_cuda_configuration_constructs_on_cpu(tiny):
+    """What CUDA runs by default (v2: fused GEMMs, compiled blocks, Triton attention) builds here; a head_dim the
+    kernel cannot take falls back to the GEMM attention by default."""
+    dec = Decoder(tiny[1], slots=2, max_len=32, max_new_tokens=4, stop_ids=[0], mode="fast", fuse_gemms=True,
+                  compile_step="max-autotune-no-cudagraphs", attn_impl="triton")
+    assert dec.v2 and dec.split_attn.n_split == 1 and all(hasattr(b, "_torchdynamo_orig_callable") for b in dec.blocks)
+    cpu = Decoder(tiny[1], slots=2, max_len=32, max_new_tokens=4, stop_ids=[0], mode="fast")
+    assert not cpu.v2 and cpu.attn_impl == "sdpa"                        # CPU: v1, the toy campaign's numerics
+
+
+@pytest.mark.parametrize("V,top_p", [(3001, 1.0), (2048, 1.0), (3001, 0.9)])
+def test_blocked_inverse_cdf_draws_the_same_tokens(V, top_p):
+    """CUDA's fast draw (block sums, then one block's scan) against the one-scan search CPU runs: the same tokens on
+    rows of every temperature (a differing one would need u · mass within float32 rounding of a boundary)."""
+    g = torch.Generator().manual_seed(V)
+    logits = torch.randn(96, V, generator=g) * torch.linspace(0.1, 8, 96)[:, None]
+    lo, hi = split_seeds(list(range(96)))
+    kw = dict(greedy=False, use_top_p=top_p < 1, mode="fast", trim=False)
+    plain, lp = draw_tokens(logits, lo, hi, 5, 1.0, top_p, blocked=False, **kw)
+    blocked, lp2 = draw_tokens(logits, lo, hi, 5, 1.0, top_p, blocked=True, **kw)
+    assert torch.equal(plain, blocked) and torch.equal(lp, lp2) and len(set(plain.tolist())) > 48
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_v2_greedy_equals_generate_on_llama_and_qwen3(arch):
+    """v2's blocks on the other supported layouts: no q|k|v bias (llama), per-head q/k norms (qwen3)."""
+    import transformers
+    M, C = (getattr(transformers, f"{arch.capitalize()}{k}") for k in ("ForCausalLM", "Config"))
+    torch.manual_seed(0)
+    model = M(C(vocab_size=300, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=32, initializer_range=0.2)).eval()
+    prompts = odd_prompts()[:4]
+    refs = [model.generate(torch.tensor([p]), do_sample=False, max_new_tokens=MAX_NEW, eos_token_id=None,
+                           pad_token_id=0)[0, len(p):].tolist() for p in prompts]
+    assert [ids for ids, _ in run(model, prompts, [0] * 4, [300], **V2)] == refs
