@@ -67,8 +67,9 @@ def parse_args(argv=None):
       help="FAIL if the shift magnitude mean |Δ| per token is below this (source: corpus pairs 2.7, RAFT 0.099 — "
            "too small to transfer at 7B in 100 steps)")
     a("--min-pos-frac", type=float, default=D.min_pos_frac,
-      help="FAIL if fewer of the student's tokens have Δ > 0 (source: corpus-SFT pairs 23-34 %% collapsed; RL 58 %%, "
-           "RAFT 84.7 %% did not)")
+      help="FAIL if fewer of the student's tokens have Δ > 0, counted where |Δ| ≥ --tie-tol (source: corpus-SFT "
+           "pairs 23-34 %% collapsed; RL 58 %%, RAFT 84.7 %% did not)")
+    a("--tie-tol", type=float, default=D.tie_tol, help="|Δ| (nats) below which a token is a tie for --min-pos-frac")
     a("--auroc-bins", type=int, default=D.auroc_bins, help="length-quantile bins of the length-controlled AUROC")
     a("--bootstrap", type=int, default=D.bootstrap, help="bootstrap resamples of the AUROC CI (rng seed 42)")
     a("--backend", default=D.backend, choices=["hf", "vllm"], help="anatomy sampling engine (lib/sampling.py)")
@@ -187,7 +188,8 @@ def gate_anatomy(roles, train_rows, args, out_dir) -> dict:
     cfg = anatomy.Settings(max_prompt_len=args.max_prompt_len, max_response_len=args.max_response_len,
                            prompts=args.anatomy_prompts, samples=args.anatomy_samples, temperature=args.temperature,
                            top_p=args.top_p, topk=args.topk, min_stop_delta=args.min_stop_delta,
-                           min_abs_delta=args.min_abs_delta, min_pos_frac=args.min_pos_frac, auroc_bins=args.auroc_bins,
+                           min_abs_delta=args.min_abs_delta, min_pos_frac=args.min_pos_frac, tie_tol=args.tie_tol,
+                           auroc_bins=args.auroc_bins,
                            bootstrap=args.bootstrap, backend=args.backend, scoring=args.scoring,
                            micro_batch=args.micro_batch, seed=args.seed)
     return anatomy.run(roles, train_rows, cfg, out_dir, args.pair)

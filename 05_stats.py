@@ -331,8 +331,9 @@ if (gates_dir / "manifest.json").exists():
                      "carried": name in gm.get("carried", []), "summary": rep.get("summary", ""),
                      "reasons": rep.get("reasons", []), "warnings": rep.get("warnings", [])})
         if name == "anatomy" and "token_mean_delta" in rep:
-            gates["anatomy"] = {k: rep.get(k) for k in ("n_sequences", "n_tokens", "token_mean_delta",
-                                                        "student_weighted_mean", "pos_frac", "abs_mean_delta",
+            gates["anatomy"] = {k: rep.get(k) for k in ("n_sequences", "n_tokens", "token_mean_delta", "tie_frac",
+                                                        "student_weighted_mean", "pos_frac", "pos_frac_decided",
+                                                        "tie_tol", "abs_mean_delta",
                                                         "interior_mean_delta", "stop", "logp_stop_at_answer_end",
                                                         "accuracy", "stop_rate", "mean_tokens", "auroc", "models")}
     gates.update(present=True, pair=gm.get("args", {}).get("pair"), passed=gm.get("passed"), gates=rows)

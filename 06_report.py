@@ -255,7 +255,7 @@ if GATES.get("present"):
         table(["measure", "value"],
               [["sequences", an["n_sequences"]], ["tokens", an["n_tokens"]],
                ["token-mean Δ", num(an["token_mean_delta"], 4)], ["student-weighted mean Δ", num(an["student_weighted_mean"], 4)],
-               ["fraction of tokens with Δ > 0", num(an["pos_frac"], 4)], ["mean abs Δ", num(an["abs_mean_delta"], 4)],
+               ["fraction Δ > 0 (of non-ties)", f'{num(an["pos_frac"], 4)} ({num(an.get("pos_frac_decided"), 4)})'], ["mean abs Δ", num(an["abs_mean_delta"], 4)],
                ["interior-token mean Δ", num(an["interior_mean_delta"], 4)],
                ["Δ at the final stop token (mean)", num(st["mean_delta"], 4)], ["stopped sequences", st["n"]],
                ["log p(stop) at answer ends, π_pre", num(lp.get("pi_pre"), 4)],

@@ -47,12 +47,13 @@ class Settings:
     topk: int = 16                     # K of the student-weighted (delta-topk) mean
     min_stop_delta: float = -10.0      # FAIL thresholds of anatomy_gate
     min_abs_delta: float = 0.01
-    min_pos_frac: float = 0.40
+    min_pos_frac: float = 0.40         # ... of the tokens where |Δ| ≥ tie_tol (a smaller |Δ| is a tie: no opinion)
     auroc_bins: int = 4                # length-quantile bins of the length-controlled AUROC
     bootstrap: int = 10_000            # resamples of its CI (rng seed 42)
     backend: str = "hf"                # sampling engine: hf | vllm (lib/sampling.py)
     scoring: str = "fused-linear"      # TokenScorer projection: fused-linear | logits
     micro_batch: int = 8               # sequences per scoring forward
+    tie_tol: float = 1e-3
     seed: int = 42                     # sampling seeds: stable_seed(seed, "anatomy", id, j)
 
 
@@ -63,7 +64,7 @@ def _mean(xs) -> float | None:
     return float(xs.mean()) if xs.size else None
 
 
-def summarise(seqs: list[dict], n_bins: int = 4, n_resamples: int = 10_000) -> dict:
+def summarise(seqs: list[dict], n_bins: int = 4, n_resamples: int = 10_000, tie_tol: float = 1e-3) -> dict:
     """seqs: one dict per sampled sequence with
         delta      (T,) Δ_t on the sampled ids          weighted   (T,) W_t
         stopped    bool: the last token is the stop     answer_end bool: stopped right after an extractable answer
@@ -78,16 +79,15 @@ def summarise(seqs: list[dict], n_bins: int = 4, n_resamples: int = 10_000) -> d
     out = {
         "n_sequences": len(seqs), "n_tokens": int(delta.size),
         "token_mean_delta": _mean(delta), "student_weighted_mean": _mean(weighted),
-        "pos_frac": _mean(delta > 0), "abs_mean_delta": _mean(np.abs(delta)),
+        "pos_frac": _mean(delta > 0), "abs_mean_delta": _mean(np.abs(delta)), "tie_tol": tie_tol,
+        "tie_frac": _mean(np.abs(delta) < tie_tol), "pos_frac_decided": _mean(delta[np.abs(delta) >= tie_tol] > 0),
         "interior_mean_delta": _mean(interior), "non_finite_tokens": int((~np.isfinite(delta)).sum()),
         "stop": {"n": len(stop_delta), "mean_delta": _mean(stop_delta), "pos_frac": _mean(np.asarray(stop_delta) > 0)},
         "logp_stop_at_answer_end": {"n": len(ends), **{m: _mean([s["lp_stop"][m] for s in ends]) for m in MODELS}},
         "stop_rate": _mean([s["stopped"] for s in seqs]), "mean_tokens": _mean([s["n_tokens"] for s in seqs]),
     }
     graded = [s for s in seqs if s["correct"] is not None]
-    out["accuracy"] = _mean([s["correct"] for s in graded])
-    out["auroc"] = auroc_report(graded, n_bins, n_resamples)
-    return out
+    return {**out, "accuracy": _mean([s["correct"] for s in graded]), "auroc": auroc_report(graded, n_bins, n_resamples)}
 
 
 # --- the gate ---
@@ -114,10 +114,10 @@ def anatomy_gate(stats: dict, min_stop_delta: float, min_abs_delta: float, min_p
     if stats["abs_mean_delta"] is not None and stats["abs_mean_delta"] < min_abs_delta:
         reasons.append(f"shift magnitude mean |Δ| = {stats['abs_mean_delta']:.4f} nats/token (< {min_abs_delta}): "
                        "π_pre and π_post barely differ on the student's samples; there is nothing to transfer")
-    if stats["pos_frac"] is not None and stats["pos_frac"] < min_pos_frac:
-        reasons.append(f"only {100 * stats['pos_frac']:.1f} % of the student's tokens have Δ > 0 (< "
-                       f"{100 * min_pos_frac:.0f} %): the pair mostly says 'stop being yourself' (the source report's "
-                       "corpus-SFT pairs: 23–34 %, vs RL 58 %, RAFT 84.7 %)")
+    if (pos := stats.get("pos_frac_decided", stats["pos_frac"])) is not None and pos < min_pos_frac:
+        reasons.append(f"only {100 * pos:.1f} % of the student's tokens where the pair has an opinion (|Δ| ≥ "
+                       f"{stats.get('tie_tol', 0)}) have Δ > 0 (< {100 * min_pos_frac:.0f} %): the pair mostly says "
+                       "'stop being yourself' (the source report's corpus-SFT pairs: 23–34 %, vs RL 58 %, RAFT 84.7 %)")
     if not all(math.isfinite(v) for v in (stats["token_mean_delta"] or 0.0, stats["abs_mean_delta"] or 0.0)):
         reasons.append("token-mean Δ is not finite")
     return reasons
@@ -244,7 +244,7 @@ def run(roles, train_rows, cfg: Settings, out_dir, pair_name: str) -> dict:
                          "delta_at_stop": float(delta_N[last]) if stopped else None, "lp_stop": lp_stop,
                          "completion": o.text})
     atomic_write_jsonl(out_dir / "anatomy_samples.jsonl", rows_out)
-    stats = summarise(seqs, cfg.auroc_bins, cfg.bootstrap)
+    stats = summarise(seqs, cfg.auroc_bins, cfg.bootstrap, cfg.tie_tol)
     stats["sampler_logprob_gap"] = float((sampler_N - lp_student_N).abs().mean())   # sampler vs scorer, same tokens
     reasons = anatomy_gate(stats, cfg.min_stop_delta, cfg.min_abs_delta, cfg.min_pos_frac)
     warnings = [f"{len(over)} subset prompts over the prompt cap were left out: {over}"] if over else []
@@ -257,12 +257,12 @@ def run(roles, train_rows, cfg: Settings, out_dir, pair_name: str) -> dict:
                                   "max_new_tokens": cfg.max_response_len, "topk": cfg.topk, "backend": cfg.backend,
                                   "scoring": cfg.scoring, "seed": cfg.seed, "device": device.type},
                         thresholds={"min_stop_delta": cfg.min_stop_delta, "min_abs_delta": cfg.min_abs_delta,
-                                    "min_pos_frac": cfg.min_pos_frac},
+                                    "min_pos_frac": cfg.min_pos_frac, "tie_tol": cfg.tie_tol},
                         timing_s={"sample": round(t_sample, 2), "score": round(t_score, 2)},
                         samples_file="anatomy_samples.jsonl")
     rep["table"] = anatomy_table(rep)
     rep["summary"] = (f"Δ̄ {stats['token_mean_delta']:+.3f}, |Δ| {stats['abs_mean_delta']:.3f}, "
-                      f"{100 * stats['pos_frac']:.1f} % > 0, Δ@stop "
+                      f"{100 * stats['pos_frac_decided']:.1f} % > 0 (|Δ| ≥ {cfg.tie_tol}), Δ@stop "
                       + ("n/a" if stats["stop"]["mean_delta"] is None else f"{stats['stop']['mean_delta']:+.2f}"))
     return rep
 
@@ -283,7 +283,8 @@ def anatomy_table(rep: dict) -> str:
         f"| sequences / tokens | {rep['n_sequences']} / {rep['n_tokens']} |",
         f"| token-mean Δ (nats) | {_f(rep['token_mean_delta'])} |",
         f"| student-weighted mean Σ_k w_k Δ(x_k), K={rep['settings']['topk']} | {_f(rep['student_weighted_mean'])} |",
-        f"| % tokens with Δ > 0 | {_f(100 * rep['pos_frac'] if rep['pos_frac'] is not None else None, '.1f')} |",
+        f"| % tokens with Δ > 0: all / where \\|Δ\\| ≥ {rep.get('tie_tol')} (ties {_f(100 * (rep.get('tie_frac') or 0), '.1f')} %) "
+        f"| {_f(100 * (rep['pos_frac'] or 0), '.1f')} / {_f(100 * (rep.get('pos_frac_decided') or 0), '.1f')} |",
         f"| mean abs Δ (shift magnitude) | {_f(rep['abs_mean_delta'], '.4f')} |",
         f"| interior-token mean Δ | {_f(rep['interior_mean_delta'])} |",
         f"| Δ at terminal stop (n = {st['n']}) | {_f(st['mean_delta'])} |",

@@ -48,10 +48,11 @@ TEST_PER_LEVEL = {1: 50, 2: 150, 3: 150, 4: 150}
 TRAIN_PROMPTS = {1: 40, 2: 600, 3: 800}             # toy_train.jsonl, disjoint from toy_test (level 2 has 810)
 DIMS = dict(hidden_size=128, intermediate_size=512, num_attention_heads=2, num_key_value_heads=2)  # head_dim 64
 ARCH = {"teacher": dict(DIMS, num_hidden_layers=2), "student": dict(DIMS, num_hidden_layers=3)}
-# name: (initial weights, architecture, levels trained on, completion style, examples, peak lr)
+# name: (initial weights, architecture, levels trained on, completion style, examples, peak lr). π_post gets 12,800:
+# with 6,400 one build copied the wrong operand on level 2 (27 % greedy); with 12,800, 100/100/100 % on levels 1-3.
 RECIPES = {
     "pre": (None, "teacher", (1, 2), "answer_line", 12_800, 2e-3),
-    "post": ("pre", "teacher", (1, 2, 3), "answer_line", 6_400, 1e-3),
+    "post": ("pre", "teacher", (1, 2, 3), "answer_line", 12_800, 1e-3),
     "student": (None, "student", (1, 2, 3), "answer_line", 12_800, 2e-3),
     "post-offsupport": ("pre", "teacher", (1, 2, 3), "loop", 4_000, 1e-3),
 }

@@ -276,8 +276,21 @@ def test_anatomy_gate_fails_an_off_support_pair_with_the_numbers():
     why = [r for r in anatomy.anatomy_gate(never, -10, 0.01, 0.4) if "none of the 1 samples stopped" in r]
     assert why and "--max-response-len" in why[0]
     assert "--max-response-len" in run_script("01_gates.py", "--help").stdout     # the fix it names is a real flag
-    neg = anatomy.summarise([seq([-0.3, -0.2, 0.1, 0.0])], n_resamples=10)
-    assert any("25.0 % of the student's tokens" in r for r in anatomy.anatomy_gate(neg, -10, 0.01, 0.4))
+    neg = anatomy.summarise([seq([-0.3, -0.2, 0.1, 0.0])], n_resamples=10)       # 0.0 is a tie: 1 of 3 decided
+    assert any("33.3 % of the student's tokens where" in r for r in anatomy.anatomy_gate(neg, -10, 0.01, 0.4))
+
+
+def test_anatomy_ties_do_not_vote():
+    """Where both teachers are sure of a token (the toy's levels 1-2) Δ is float rounding; its sign says nothing. Six
+    ties (|Δ| < 1e-3) and four decided tokens, three of them > 0: 30 % > 0 over all, 75 % where the pair has an
+    opinion — the gate counts the latter, and both are reported."""
+    st = anatomy.summarise([seq([-1e-5, -2e-5, -3e-6, -1e-6, -4e-5, -1e-5, 2.0, 1.5, -0.5, 0.7])], n_resamples=10)
+    assert st["pos_frac"] == pytest.approx(0.3) and st["tie_frac"] == pytest.approx(0.6)
+    assert st["pos_frac_decided"] == pytest.approx(0.75) and st["tie_tol"] == 1e-3
+    assert anatomy.anatomy_gate(st, -10, 0.01, 0.4) == []
+    strict = anatomy.summarise([seq([-1e-5, -2e-5, -3e-6, -1e-6, -4e-5, -1e-5, 2.0, 1.5, -0.5, 0.7])], n_resamples=10,
+                               tie_tol=0.0)                                        # no tolerance: the raw 30 %
+    assert strict["pos_frac_decided"] == pytest.approx(0.3) and anatomy.anatomy_gate(strict, -10, 0.01, 0.4)
 
 
 # --- the stage end to end on the toy world ---
