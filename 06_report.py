@@ -253,9 +253,9 @@ if GATES.get("present"):
         models = ", ".join(f"{k} `{v}`" for k, v in sorted(an["models"].items()))
         L += [f"Shift anatomy (Δ = log π_post − log π_pre on the student's own samples; {models}):", ""]
         table(["measure", "value"],
-              [["sequences", an["n_sequences"]], ["tokens", an["n_tokens"]],
+              [["sequences", an["n_sequences"]], ["tokens", an["n_tokens"]], ["fraction of tokens with Δ > 0", num(an["pos_frac"], 4)],
                ["token-mean Δ", num(an["token_mean_delta"], 4)], ["student-weighted mean Δ", num(an["student_weighted_mean"], 4)],
-               ["fraction Δ > 0 (of non-ties)", f'{num(an["pos_frac"], 4)} ({num(an.get("pos_frac_decided"), 4)})'], ["mean abs Δ", num(an["abs_mean_delta"], 4)],
+               ["… of those with \\|Δ\\| ≥ the tie tolerance", num(an.get("pos_frac_decided"), 4)], ["mean abs Δ", num(an["abs_mean_delta"], 4)],
                ["interior-token mean Δ", num(an["interior_mean_delta"], 4)],
                ["Δ at the final stop token (mean)", num(st["mean_delta"], 4)], ["stopped sequences", st["n"]],
                ["log p(stop) at answer ends, π_pre", num(lp.get("pi_pre"), 4)],

@@ -127,7 +127,7 @@ def write_gates(run_dir: Path):
                "warnings": ["embedding padding"] if name == "tokenizer" else []}
         if name == "anatomy":
             rep |= {"n_sequences": 64, "n_tokens": 2345, "token_mean_delta": 0.0123, "student_weighted_mean": -0.0456,
-                    "pos_frac": 0.5432, "abs_mean_delta": 0.3456, "interior_mean_delta": 0.0111,
+                    "pos_frac": 0.5432, "pos_frac_decided": 0.6543, "abs_mean_delta": 0.3456, "interior_mean_delta": 0.0111,
                     "stop": {"n": 60, "mean_delta": 1.2345, "pos_frac": 0.9}, "accuracy": 0.4219, "stop_rate": 0.9375,
                     "logp_stop_at_answer_end": {"n": 50, "student": -0.1, "pi_pre": -2.3456, "pi_post": -0.0789},
                     "mean_tokens": 36.6, "auroc": {"length_controlled": 0.6789, "ci95": [0.6, 0.75]},
@@ -393,6 +393,7 @@ def table_specs(campaign):
     an = gates["anatomy"]
     measures = {"sequences": an["n_sequences"], "tokens": an["n_tokens"], "token-mean Δ": an["token_mean_delta"],
                 "student-weighted mean Δ": an["student_weighted_mean"], "fraction of tokens with Δ > 0": an["pos_frac"],
+                "… of those with |Δ| ≥ the tie tolerance": an["pos_frac_decided"],
                 "mean abs Δ": an["abs_mean_delta"], "interior-token mean Δ": an["interior_mean_delta"],
                 "Δ at the final stop token (mean)": an["stop"]["mean_delta"], "stopped sequences": an["stop"]["n"],
                 "log p(stop) at answer ends, π_pre": an["logp_stop_at_answer_end"]["pi_pre"],
