@@ -5,7 +5,8 @@
 Compares, file by file, what the two campaign directories measured, leaving out what a rerun may change by design
 (wall-clock times, start and end stamps, hosts, process ids, throughput and memory readings):
 
-    stats/*.json                  every gain, CI, p-value, verdict (ledger.json, the time ledger, and manifests skipped)
+    stats/*.json                  every gain, CI, p-value, verdict (ledger.json, the time ledger, and manifests skipped;
+                                  training curves without their timing_s/, perf/ and memory/ series)
     evals/*/*/*/samples.jsonl     every sampled completion and its grade, byte for byte
     train/*/metrics.jsonl         every logged training metric except timing_s/, perf/ and memory/
     train/*/step_*/model.safetensors   the checkpoints' weights, byte for byte
@@ -29,7 +30,7 @@ VOLATILE_METRIC = ("timing_s/", "perf/", "memory/")
 def scrub(x):
     """x without the keys a rerun changes by design (recursively)."""
     if isinstance(x, dict):
-        return {k: scrub(v) for k, v in x.items() if not VOLATILE.search(k)}
+        return {k: scrub(v) for k, v in x.items() if not (VOLATILE.search(k) or k.startswith(VOLATILE_METRIC))}
     if isinstance(x, list):
         return [scrub(v) for v in x]
     return x
