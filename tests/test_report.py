@@ -695,23 +695,19 @@ def run_mutant(script: str, old: str, new: str, run_dir: Path, tmp: Path):
     assert p.returncode == 0, p.stderr[-2000:]
 
 
-@pytest.mark.parametrize("name", sorted(REPORT_MUTANTS))
-def test_report_check_catches_mutated_06(campaign, tmp_path, name):
-    run_dir = tmp_path / "toy"
-    shutil.copytree(campaign, run_dir)
-    run_mutant("06_report.py", *REPORT_MUTANTS[name], run_dir, tmp_path)
-    with pytest.raises(AssertionError):
-        check_report(run_dir)
+MUTANTS = {"06_report.py": (REPORT_MUTANTS, check_report), "05_stats.py": (STATS_MUTANTS, check_stats)}
 
 
-@pytest.mark.parametrize("name", sorted(STATS_MUTANTS))
-def test_stats_check_catches_mutated_05(campaign, tmp_path, name):
-    """The mutant reruns 05 on a copy of the campaign (its stats/ledger.json holds the overwritten RAFT run)."""
+@pytest.mark.parametrize("script, name", [(s, n) for s, (m, _) in MUTANTS.items() for n in sorted(m)])
+def test_checks_catch_a_mutated_stage(campaign, tmp_path, script, name):
+    """Each mutant of 06 (or 05) reruns on a copy of the campaign (its stats/ledger.json holds the overwritten RAFT
+    run); the report (or stats) check must then fail."""
+    mutants, check = MUTANTS[script]
     run_dir = tmp_path / "toy"
     shutil.copytree(campaign, run_dir)
-    run_mutant("05_stats.py", *STATS_MUTANTS[name], run_dir, tmp_path)
+    run_mutant(script, *mutants[name], run_dir, tmp_path)
     with pytest.raises(AssertionError):
-        check_stats(run_dir)
+        check(run_dir)
 
 
 def test_readme_content_and_figures(campaign):
