@@ -262,13 +262,13 @@ def run(roles, train_rows, cfg: Settings, out_dir, pair_name: str) -> dict:
                         samples_file="anatomy_samples.jsonl")
     rep["table"] = anatomy_table(rep)
     rep["summary"] = (f"Δ̄ {stats['token_mean_delta']:+.3f}, |Δ| {stats['abs_mean_delta']:.3f}, "
-                      f"{100 * stats['pos_frac_decided']:.1f} % > 0 (|Δ| ≥ {cfg.tie_tol}), Δ@stop "
+                      f"{_f(stats['pos_frac_decided'], '.1f', 100)} % > 0 (|Δ| ≥ {cfg.tie_tol}), Δ@stop "
                       + ("n/a" if stats["stop"]["mean_delta"] is None else f"{stats['stop']['mean_delta']:+.2f}"))
     return rep
 
 
-def _f(x, spec="+.3f"):
-    return "n/a" if x is None else format(x, spec)
+def _f(x, spec="+.3f", scale=1):
+    return "n/a" if x is None else format(scale * x, spec)
 
 
 def anatomy_table(rep: dict) -> str:
@@ -283,8 +283,8 @@ def anatomy_table(rep: dict) -> str:
         f"| sequences / tokens | {rep['n_sequences']} / {rep['n_tokens']} |",
         f"| token-mean Δ (nats) | {_f(rep['token_mean_delta'])} |",
         f"| student-weighted mean Σ_k w_k Δ(x_k), K={rep['settings']['topk']} | {_f(rep['student_weighted_mean'])} |",
-        f"| % tokens with Δ > 0: all / where \\|Δ\\| ≥ {rep.get('tie_tol')} (ties {_f(100 * (rep.get('tie_frac') or 0), '.1f')} %) "
-        f"| {_f(100 * (rep['pos_frac'] or 0), '.1f')} / {_f(100 * (rep.get('pos_frac_decided') or 0), '.1f')} |",
+        f"| % tokens with Δ > 0: all / where \\|Δ\\| ≥ {rep.get('tie_tol')} (ties {_f(rep.get('tie_frac'), '.1f', 100)} %) "
+        f"| {_f(rep['pos_frac'], '.1f', 100)} / {_f(rep.get('pos_frac_decided'), '.1f', 100)} |",
         f"| mean abs Δ (shift magnitude) | {_f(rep['abs_mean_delta'], '.4f')} |",
         f"| interior-token mean Δ | {_f(rep['interior_mean_delta'])} |",
         f"| Δ at terminal stop (n = {st['n']}) | {_f(st['mean_delta'])} |",

@@ -291,6 +291,9 @@ def test_anatomy_ties_do_not_vote():
     strict = anatomy.summarise([seq([-1e-5, -2e-5, -3e-6, -1e-6, -4e-5, -1e-5, 2.0, 1.5, -0.5, 0.7])], n_resamples=10,
                                tie_tol=0.0)                                        # no tolerance: the raw 30 %
     assert strict["pos_frac_decided"] == pytest.approx(0.3) and anatomy.anatomy_gate(strict, -10, 0.01, 0.4)
+    ties = anatomy.summarise([seq([0.0, 1e-5, -2e-5])], n_resamples=10)          # all ties: no share, and no crash
+    assert ties["pos_frac_decided"] is None and anatomy._f(ties["pos_frac_decided"], ".1f", 100) == "n/a"
+    assert [r for r in anatomy.anatomy_gate(ties, -10, 0.01, 0.4) if "shift magnitude" in r]
 
 
 # --- the stage end to end on the toy world ---
