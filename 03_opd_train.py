@@ -6,7 +6,7 @@ teacher of classic OPD), the reference (the student's initial weights) and the s
 on-policy optimizer step (PPO clipped surrogate + k3 KL to the reference) → one JSON line of metrics.
 
 Shapes (the suffix of a tensor's name): B = sequences (a step takes --batch-prompts B prompts × n rollouts; in
-`input_ids_BT` the micro-batch's sequences), T = padded sequence length, N = response tokens of a micro-batch
+`input_ids_BT` the micro-batch's sequences), T = padded length (packed: Σ lengths, lib/varlen.py), N = response tokens
 (flattened, padding removed), K = candidates scored per token (the student's top-K for delta-topk, else the one
 sampled token, K = 1), J = 1 + K ids a teacher scores per token ([sampled | top-K]). Every advantage is (N, K).
 
@@ -55,7 +55,7 @@ from lib.artifacts import atomic_write_json, atomic_write_text, read_jsonl, wall
 from lib.data import prompt_ids, require_rows, stable_seed
 from lib.model_init import build_scorer
 from lib.scoring import pack, regroup, score_ids
-from lib.step_phases import PhaseClock, equal_plan, peak_tflops, resolve_compile, sampler_slots, score_limits
+from lib.step_phases import PhaseClock, equal_plan, peak_tflops, resolve_auto, sampler_slots, score_limits
 
 
 # --- config ---
@@ -108,6 +108,8 @@ def parse_args(argv=None):
            "on CUDA, off on CPU; a bare --compile is on")
     a("--no-compile", dest="compile", action="store_const", const="off", default=argparse.SUPPRESS,
       help="--compile off")
+    a("--packing", default="auto", choices=["auto", "on", "off"], help="padding-free micro-batches (lib/varlen.py): "
+      "sequences end to end, FlashAttention varlen on CUDA; auto: on on CUDA, off on CPU")
     a("--scoring", default="fused-linear", choices=["fused-linear", "logits"],
       help="project hidden states tile by tile (logits never exist) or materialise logits then the kernel")
     a("--resume", action="store_true", help="kept as an alias: rerunning the same command always continues the run "
@@ -120,7 +122,8 @@ def parse_args(argv=None):
     a("--nproc", type=int, default=1, help="launch this many local processes through torchrun")
     a("--peak-tflops", type=float, default=None, help="per-device bf16 peak for MFU (default: by device name)")
     args = p.parse_args(argv)
-    args.compile = resolve_compile(args.compile, torch.cuda.is_available())   # recorded as what ran: on or off
+    cuda = torch.cuda.is_available()                     # both recorded as what ran: on or off
+    args.compile, args.packing = resolve_auto(args.compile, cuda), resolve_auto(args.packing, cuda, "--packing")
     return args
 
 
@@ -153,7 +156,8 @@ def load_prompts(args, pair, tokenizer, chat_kwargs, d):
 def frozen_scorer(path, args, d, bf16, temperature=1.0):
     """A teacher or the reference: bf16 on CUDA (no fp32 copy; FSDP2 casts nothing), fp32 on CPU; no grad."""
     return build_scorer(path, torch.bfloat16 if bf16 else torch.float32, d.device, frozen=True,
-                        fused_linear=args.scoring == "fused-linear", temperature=temperature, compile=args.compile)
+                        fused_linear=args.scoring == "fused-linear", temperature=temperature, compile=args.compile,
+                        packed=args.packing)
 
 
 def make_engine(args, student_path, tokenizer, d, bf16):
@@ -260,7 +264,7 @@ def main(argv=None):
     # student and reference scored at the rollout temperature (logits / T, as verl's actor and ref); teachers at 1
     student = build_scorer(resolved["student"].path, torch.float32, d.device, bf16=bf16, compile=args.compile,
                            fused_linear=args.scoring == "fused-linear", temperature=args.temperature,
-                           activation_checkpointing=args.activation_checkpointing)
+                           activation_checkpointing=args.activation_checkpointing, packed=args.packing)
     n_params = sum(p.numel() for p in student.parameters())     # global numel of the sharded (tied: once) params
     ref = frozen_scorer(resolved["student"].path, args, d, bf16, args.temperature) if args.kl_ref == "init" else None
     teachers = {k: frozen_scorer(resolved[k].path, args, d, bf16) for k in roles if k != "student"}
@@ -333,8 +337,8 @@ def main(argv=None):
         seq_lens = [len(p) + len(o.token_ids) for p, o in zip(req_prompts, outs)]
         plan = equal_plan(seq_lens, args.micro_batch, args.max_tokens_per_micro, d.device)
         score_plan = plan if (lim := score_limits(args, bf16)) is None else equal_plan(seq_lens, *lim, d.device)
-        resp = [o.token_ids for o in outs]
-        packed = lambda idx: pack([req_prompts[i] for i in idx], [resp[i] for i in idx], pad_id).to(d.device)  # noqa: E731
+        resp, P = [o.token_ids for o in outs], req_prompts
+        packed = lambda idx: pack([P[i] for i in idx], [resp[i] for i in idx], pad_id, args.packing).to(d.device)  # noqa: E731
         scored = [score_micro_batch(student, teachers, ref, packed(idx), K, [outs[i] for i in idx])
                   for idx in score_plan]
         mbs = scored if score_plan == plan else [

@@ -90,11 +90,12 @@ def reinit_buffers(lm: nn.Module, device) -> None:
 
 def build_scorer(path: Path, dtype: torch.dtype, device, *, fused_linear: bool = True, temperature: float = 1.0,
                  frozen: bool = False, bf16: bool = False, activation_checkpointing: bool = False,
-                 compile: bool = False) -> TokenScorer:
+                 compile: bool = False, packed: bool = False) -> TokenScorer:
     """A sharded TokenScorer of the model at `path`, built on meta and filled from the checkpoint. `frozen`: no grad,
-    eval (teachers, the reference); `bf16`: FSDP2's bf16 compute / fp32 reduce policy (the student on CUDA).
+    eval (teachers, the reference); `bf16`: FSDP2's bf16 compute / fp32 reduce policy (the student on CUDA);
+    `packed`: it takes padding-free batches (lib/varlen.py).
     Collective."""
-    scorer = TokenScorer(meta_lm(path, dtype), fused_linear=fused_linear, temperature=temperature)
+    scorer = TokenScorer(meta_lm(path, dtype), fused_linear=fused_linear, temperature=temperature, packed=packed)
     if frozen:
         scorer.requires_grad_(False).eval()
     D.shard(scorer, bf16=bf16, activation_checkpointing=activation_checkpointing, compile=compile)

@@ -11,36 +11,57 @@ is the root module, so its hooks gather the embedding, final norm and lm_head th
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 from torch import nn
 
-from lib import linear_logratio, logratio
+from lib import linear_logratio, logratio, varlen
 
 
 @dataclass
 class Batch:
-    """One micro-batch of sequences (prompt + response), right-padded. N = number of response tokens."""
+    """One micro-batch of sequences (prompt + response). N = number of response tokens.
+    Padded: B rows, right-padded, `attention_mask_BT` marks the real tokens. Packed (lib/varlen.py): one row of every
+    sequence end to end, no mask, `position_ids_BT` restarting at each sequence and `cu_seqlens` its boundaries."""
     input_ids_BT: torch.Tensor
-    attention_mask_BT: torch.Tensor
+    attention_mask_BT: torch.Tensor | None
     rows_N: torch.Tensor          # batch row of each response token
     cols_N: torch.Tensor          # position of the hidden state that predicts it (token position − 1)
     targets_N: torch.Tensor       # the realized response token ids
     seq_of_N: torch.Tensor        # index (within the micro-batch) of the sequence each token belongs to
+    position_ids_BT: torch.Tensor | None = None     # packed only
+    cu_seqlens: torch.Tensor | None = None          # packed only: [0, L_0, L_0 + L_1, …], int32
+    max_len: int = 0                                # packed only: the longest sequence
+
+    @property
+    def packed(self) -> bool:
+        return self.cu_seqlens is not None
 
     def to(self, device):
-        return Batch(*(t.to(device) for t in (self.input_ids_BT, self.attention_mask_BT, self.rows_N, self.cols_N,
-                                                self.targets_N, self.seq_of_N)))
+        return Batch(**{f.name: v.to(device) if isinstance(v := getattr(self, f.name), torch.Tensor) else v
+                        for f in fields(self)})
 
 
-def pack(prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> Batch:
-    """Right-pad prompt+response pairs into one batch and index the response tokens."""
+def pack(prompts: list[list[int]], responses: list[list[int]], pad_id: int, packed: bool = False) -> Batch:
+    """Prompt+response pairs as one micro-batch, response tokens indexed: right-padded rows, or (`packed`) one row
+    with no padding at all (lib/varlen.py). The same N response tokens in the same order either way."""
     lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
+    as_long = lambda x: torch.tensor(x, dtype=torch.long)  # noqa: E731
+    rows, cols, targets, seq = [], [], [], []
+    if packed:
+        starts = [0] + list(torch.tensor(lengths).cumsum(0)[:-1].tolist())
+        for b, (p, r, s) in enumerate(zip(prompts, responses, starts)):
+            cols += range(s + len(p) - 1, s + len(p) + len(r) - 1)
+            targets += r
+            seq += [b] * len(r)
+        ids = as_long([t for p, r in zip(prompts, responses) for t in p + r])[None]
+        pos = as_long([i for n in lengths for i in range(n)])[None]
+        return Batch(ids, None, torch.zeros(len(targets), dtype=torch.long), as_long(cols), as_long(targets),
+                     as_long(seq), pos, varlen.cu_seqlens(lengths), max(lengths))
     T = max(lengths)
     ids = torch.full((len(prompts), T), pad_id, dtype=torch.long)
     mask = torch.zeros((len(prompts), T), dtype=torch.long)
-    rows, cols, targets, seq = [], [], [], []
     for b, (p, r) in enumerate(zip(prompts, responses)):
         ids[b, :len(p) + len(r)] = torch.tensor(p + r, dtype=torch.long)
         mask[b, :len(p) + len(r)] = 1
@@ -48,7 +69,6 @@ def pack(prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> B
         cols += range(len(p) - 1, len(p) + len(r) - 1)
         targets += r
         seq += [b] * len(r)
-    as_long = lambda x: torch.tensor(x, dtype=torch.long)  # noqa: E731
     return Batch(ids, mask, as_long(rows), as_long(cols), as_long(targets), as_long(seq))
 
 
@@ -112,19 +132,28 @@ class TokenScorer(nn.Module):
     sampled token's log-prob and the entropy in one pass over V, and `GatherLogits` the J logits of the given ids.
     """
 
-    def __init__(self, lm: nn.Module, fused_linear: bool = True, temperature: float = 1.0):
+    def __init__(self, lm: nn.Module, fused_linear: bool = True, temperature: float = 1.0, packed: bool = False):
         super().__init__()
         if not temperature > 0:
             raise ValueError(f"temperature {temperature} must be > 0 (the logits are divided by it)")
         self.lm = lm
         self.fused_linear = fused_linear
         self.temperature = temperature
+        self.packed = packed              # takes packed batches only (its attention is lib/varlen.py's)
+        if packed:
+            varlen.use_packing(lm)
         head = lm.get_output_embeddings()
         if getattr(head, "bias", None) is not None:
             raise ValueError("TokenScorer assumes an lm_head without bias (true of Qwen2/Llama-style models)")
 
     def hidden(self, batch: Batch) -> torch.Tensor:
-        out = self.lm.model(input_ids=batch.input_ids_BT, attention_mask=batch.attention_mask_BT, use_cache=False)
+        if batch.packed != self.packed:
+            raise ValueError(f"a {'packed' if batch.packed else 'padded'} batch given to a scorer built for "
+                             f"{'packed' if self.packed else 'padded'} ones: pack(..., packed={self.packed})")
+        kw = dict(position_ids=batch.position_ids_BT, cu_seq_lens_q=batch.cu_seqlens, cu_seq_lens_k=batch.cu_seqlens,
+                  max_length_q=batch.max_len, max_length_k=batch.max_len) if batch.packed else {}
+        out = self.lm.model(input_ids=batch.input_ids_BT, attention_mask=batch.attention_mask_BT, use_cache=False,
+                            **kw)
         h = out.last_hidden_state[batch.rows_N, batch.cols_N]          # (N, H)
         return h if self.temperature == 1.0 else h / self.temperature   # logits / T = (h / T) @ W^T
 

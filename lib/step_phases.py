@@ -8,7 +8,8 @@
 - `score_limits`: scoring's own micro-batch limits. Scoring is forward-only with no grad, so on CUDA it packs
   SCORE_MICRO_MULT × the update's micro-batch (tokens or sequences); on CPU it uses the update's plan, so the toy's
   numbers stay what they are. `--score-tokens-per-micro` sets a token budget anywhere.
-- `resolve_compile`: `--compile auto` is on on CUDA, off on CPU.
+- `resolve_auto`: `--compile auto` and `--packing auto` are on on CUDA, off on CPU (packing: lib/varlen.py; off on
+  CPU keeps the toy campaign's bytes what they were, and its reference attention is slower there).
 - `peak_tflops`: the bf16 peak perf/mfu divides by.
 - `sampler_slots`: the built-in sampler's slots: on CUDA all of a rank's rollouts at once (B·n/W), on CPU
   `--micro-batch` × 8 as before.
@@ -33,9 +34,9 @@ def peak_tflops(explicit: float | None, device, cuda: bool) -> float | None:
     return next((v for k, v in PEAK_TFLOPS.items() if k in torch.cuda.get_device_name(device)), None)
 
 
-def resolve_compile(value: str, cuda: bool) -> bool:
+def resolve_auto(value: str, cuda: bool, flag: str = "--compile") -> bool:
     if value not in ("auto", "on", "off"):
-        raise ValueError(f"--compile {value!r}: choose auto, on or off")
+        raise ValueError(f"{flag} {value!r}: choose auto, on or off")
     return cuda if value == "auto" else value == "on"
 
 

@@ -47,12 +47,14 @@ def assert_same_weights(a_dir, b_dir, atol):
 
 
 def test_two_gloo_processes_match_one(world, tmp_path):
-    """…and the two processes pack micro-batches by a token budget (uneven sizes, ranks equalised in count), while
-    the one process groups 4 sequences in sampling order for the update and scores in micro-batches of its own (a
-    token budget: longest first), regrouped into the update's: neither grouping changes the global token-mean."""
+    """…and the two processes pack micro-batches by a token budget (uneven sizes, ranks equalised in count) and lay
+    each one's sequences end to end with no padding (--packing on, lib/varlen.py), while the one process pads, groups 4
+    sequences in sampling order for the update and scores in micro-batches of its own (a token budget: longest
+    first), regrouped into the update's: neither grouping nor packing changes the global token-mean."""
     common = [*SMALL, "--reward=delta-topk", "--steps=3", "--save-every=3"]
     train(*common, f"--run-dir={tmp_path / 'one'}", "--score-tokens-per-micro=300")
-    train(*common, f"--run-dir={tmp_path / 'two'}", "--nproc=2", "--max-tokens-per-micro=180")   # through torchrun
+    train(*common, f"--run-dir={tmp_path / 'two'}", "--nproc=2", "--max-tokens-per-micro=180",
+          "--packing=on")                                                                               # via torchrun
     one, two = tmp_path / "one/train/delta-topk", tmp_path / "two/train/delta-topk"
     assert read_json(two / "manifest.json")["world_size"] == 2
     sizes = [r["perf/micro_batch_sizes"] for r in metrics(two)]
@@ -61,7 +63,9 @@ def test_two_gloo_processes_match_one(world, tmp_path):
     assert all(r["perf/score_micro_batch_sizes"] != r["perf/micro_batch_sizes"] for r in metrics(one))
     assert_same_metrics(metrics(one), metrics(two), count_abs=2e-3)
     assert metrics(one)[-1]["actor/grad_norm"] > 0                      # the weights really moved
-    assert_same_weights(one / "step_000003", two / "step_000003", atol=1e-6)
+    # 1e-5 = a tenth of one AdamW step at lr 1e-4: packed attention sums in another order than the padded mask does,
+    # and AdamW's m/√v turns a last-bit change of a near-zero gradient into up to a whole step (measured 3.6e-6)
+    assert_same_weights(one / "step_000003", two / "step_000003", atol=1e-5)
 
 
 def test_resume_after_kill_equals_uninterrupted(world, tmp_path):

@@ -80,12 +80,17 @@ def assert_grads_close(got: dict, lm, rel=1e-4):
         assert (got[n] - p.grad).abs().max().item() <= rel * scale, n
 
 
-def script_grads(world, reward, kl_coef, topk_ids=None):
-    m03, lms, batch = world["m03"], world["lms"], world["batch"]
-    student = TokenScorer(copy.deepcopy(lms["student"]), fused_linear=True)
-    teachers = ({"teacher": TokenScorer(lms["post"])} if reward == "opd"
-                else {"pi_post": TokenScorer(lms["post"]), "pi_pre": TokenScorer(lms["pre"])})
-    ref = TokenScorer(lms["pre"])              # a reference unlike the student, so the KL term has a gradient
+def script_grads(world, reward, kl_coef, topk_ids=None, packed=False):
+    """The script's loss and student gradient; `packed`: every model on lib/varlen.py's padding-free batches."""
+    m03, batch = world["m03"], world["batch"]
+    lms = {k: copy.deepcopy(v) for k, v in world["lms"].items()} if packed else world["lms"]
+    if packed:
+        batch = pack(world["prompts"], [o.token_ids for o in world["outs"]], world["tok"].pad_token_id, packed=True)
+    scorer = lambda lm, **kw: TokenScorer(lm, packed=packed, **kw)   # noqa: E731
+    student = scorer(copy.deepcopy(lms["student"]), fused_linear=True)
+    teachers = ({"teacher": scorer(lms["post"])} if reward == "opd"
+                else {"pi_post": scorer(lms["post"]), "pi_pre": scorer(lms["pre"])})
+    ref = scorer(lms["pre"])                   # a reference unlike the student, so the KL term has a gradient
     mb = m03.score_micro_batch(student, teachers, ref, batch, K if reward == "delta-topk" else 0, world["outs"])
     if topk_ids is not None:                   # candidates other than the student's own top-K: must be used as given
         with torch.no_grad():
@@ -97,9 +102,11 @@ def script_grads(world, reward, kl_coef, topk_ids=None):
     return loss.item(), {n: p.grad for n, p in student.lm.named_parameters()}
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
 @pytest.mark.parametrize("reward", opd.REWARDS)
-def test_micro_batch_gradient_equals_plain_hf(world, reward):
-    loss, got = script_grads(world, reward, kl_coef=0.7)
+def test_micro_batch_gradient_equals_plain_hf(world, reward, packed):
+    """The script's micro-batch (padded rows, or packed end to end) = the loss and gradient of plain padded HF."""
+    loss, got = script_grads(world, reward, kl_coef=0.7, packed=packed)
     lm = copy.deepcopy(world["lms"]["student"])
     want_loss = reference_loss(reward, lm, world["lms"], world["batch"], 0.7)
     want_loss.backward()
@@ -228,13 +235,14 @@ def leaves(mb):
 def test_step_phase_defaults_cpu_unchanged_cuda_scaled(world):
     """--compile auto is off here (CPU) and on on CUDA; scoring uses the update's plan on CPU (None) and 4× the
     update's micro-batch on CUDA; the built-in sampler's slots: --micro-batch × 8 on CPU, B·n/W on CUDA."""
-    from lib.step_phases import PhaseClock, resolve_compile, sampler_slots, score_limits
+    from lib.step_phases import PhaseClock, resolve_auto, sampler_slots, score_limits
     p = world["m03"].parse_args
     a = p(["--pair=toy"])
     assert a.compile is False and not torch.cuda.is_available()
     assert p(["--compile"]).compile is True and p(["--compile", "on"]).compile is True
     assert p(["--compile", "off"]).compile is False and p(["--no-compile"]).compile is False
-    assert resolve_compile("auto", True) is True and resolve_compile("auto", False) is False
+    assert resolve_auto("auto", True) is True and resolve_auto("auto", False) is False
+    assert resolve_auto("on", False) is True and resolve_auto("off", True) is False
     assert score_limits(a, cuda=False) is None and score_limits(a, cuda=True) == (32, None)
     b = p(["--max-tokens-per-micro=1000"])
     assert score_limits(b, cuda=False) is None and score_limits(b, cuda=True) == (8, 4000)
