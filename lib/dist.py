@@ -65,6 +65,8 @@ def shard(model: nn.Module, *, bf16: bool, activation_checkpointing: bool = Fals
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
     layers = decoder_layers(model)
+    if compile:
+        allow_recompiles()
     for i, layer in enumerate(layers):
         if activation_checkpointing:
             from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
@@ -76,6 +78,21 @@ def shard(model: nn.Module, *, bf16: bool, activation_checkpointing: bool = Fals
         fully_shard(layer, mp_policy=mp, reshard_after_forward=i < len(layers) - 1)
     fully_shard(model, mp_policy=mp)
     return model
+
+
+RECOMPILE_LIMIT = 64
+
+
+def allow_recompiles() -> None:
+    """Every decoder layer of every model shares one compiled code object, and each (frozen | trainable) × (train |
+    eval) × (grad | no grad) × (static | dynamic shape) × attention backend is its own graph: past dynamo's default
+    limit of 8 the remaining variants silently run eagerly (measured on an H200: the update then took 4.5 s instead
+    of 3.4). Raised to RECOMPILE_LIMIT."""
+    cfg = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):      # the name since torch 2.6, and before
+        if hasattr(cfg, name):
+            setattr(cfg, name, max(getattr(cfg, name), RECOMPILE_LIMIT))
+            break
 
 
 def full_state_dict(model: nn.Module) -> dict:
