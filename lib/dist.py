@@ -86,8 +86,8 @@ RECOMPILE_LIMIT = 64
 def allow_recompiles() -> None:
     """Every decoder layer of every model shares one compiled code object, and each (frozen | trainable) × (train |
     eval) × (grad | no grad) × (static | dynamic shape) × attention backend is its own graph: past dynamo's default
-    limit of 8 the remaining variants silently run eagerly (measured on an H200: the update then took 4.5 s instead
-    of 3.4). Raised to RECOMPILE_LIMIT."""
+    limit of 8 the remaining variants silently run eagerly (on an H200, bench/RESULTS.md: packed scoring and update
+    then took 4.35 and 4.46 s, compiled 3.5–3.9 and 3.5–4.0 s). Raised to RECOMPILE_LIMIT."""
     cfg = torch._dynamo.config
     for name in ("recompile_limit", "cache_size_limit"):      # the name since torch 2.6, and before
         if hasattr(cfg, name):
