@@ -16,7 +16,10 @@ attention over the live length, the fast draw's two-level search), `ours_prev` (
 bench/RESULTS.md's run 2), `ours_exact` (ours with exact Gumbel-max draws), ablations `ours_nofuse`,
 `ours_nocompile`, `ours_matmul`, `ours_plaindraw` (ours with one optimization off), `ours_autotune` (the blocks
 compiled with mode max-autotune-no-cudagraphs: minutes of compile per slot count), `vllm` (vLLM's LLM on the same random weights, saved with save_pretrained; one
-engine per shape, started after the other methods and freed before the next shape), `generate_static`,
+engine per shape, started after the other methods and freed before the next shape; one SamplingParams for all
+requests, no seed, no log-probs), `vllm_seeded` (the same engine sampling as 03's rollouts ask it to,
+lib/sampling_vllm.py: a seed per request and the sampled token's raw log-prob; vLLM samples seeded requests with a
+generator each, off its batched path), `generate_static`,
 `generate_dynamic` (transformers). A method that fails prints a row with its error and the run goes on.
 
 Bandwidth bound (what a decode step must at least read: every weight once, every sequence's KV cache once):
@@ -62,7 +65,7 @@ def parse(argv=None):
     p.add_argument("--shapes", default="qwen2.5-1.5b,qwen2.5-7b", help="comma-separated lib/shapes.py shapes, or tiny")
     p.add_argument("--batches", default="64,256", help="comma-separated batch sizes B")
     p.add_argument("--lengths", default="512+1024", help="comma-separated PROMPT+NEW token counts, e.g. 512+1024,256+400")
-    p.add_argument("--methods", default="ours,ours_prev,vllm", help=f"comma-separated, of {sorted(VARIANTS)}, vllm, "
+    p.add_argument("--methods", default="ours,ours_prev,vllm", help=f"comma-separated, of {sorted(VARIANTS)}, vllm, vllm_seeded, "
                    "generate_static, generate_dynamic")
     p.add_argument("--slots", default=None, type=lambda x: [int(v) for v in x.split(",")],
                    help="comma-separated decoder slot counts for ours* (default B; 03_opd_train's HFEngine has "
@@ -226,8 +229,9 @@ def run_local(shape, model, cases, methods):
                 torch.cuda.reset_peak_memory_stats()
 
 
-def run_vllm(shape, path, cfg, n_params, cases):
-    """vLLM's LLM over the saved random model: one engine for all cases, one untimed call before each timed one."""
+def run_vllm(shape, path, cfg, n_params, cases, variants=("vllm",)):
+    """vLLM's LLM over the saved random model: one engine for all cases and variants, one untimed call before each
+    timed one."""
     if args.vllm_inprocess:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     llm = None
@@ -235,24 +239,28 @@ def run_vllm(shape, path, cfg, n_params, cases):
         from vllm import LLM, SamplingParams
         from vllm.inputs import TokensPrompt
         llm = LLM(model=str(path), dtype="bfloat16", gpu_memory_utilization=args.vllm_mem, enforce_eager=False,
-                  seed=0, skip_tokenizer_init=True, generation_config="vllm",
+                  seed=0, skip_tokenizer_init=True, generation_config="vllm", logprobs_mode="raw_logprobs",
                   max_model_len=max(P + N for _, P, N, _ in cases), max_num_seqs=max(B for B, _, _, _ in cases))
     except Exception as e:  # noqa: BLE001
         emit({"shape": shape, "method": "vllm", "error": f"{type(e).__name__}: {e}"[:400]})
         return
-    for B, P, N, prompts in cases:
+    for (B, P, N, prompts), method in ((c, m) for c in cases for m in variants):
         try:
-            sp, warm = (SamplingParams(n=1, temperature=1.0, top_p=1.0, max_tokens=n, min_tokens=n, ignore_eos=True,
-                                       detokenize=False) for n in (N, min(N, args.vllm_warmup_tokens)))
+            def params(n, seeded=method == "vllm_seeded"):
+                one = dict(n=1, temperature=1.0, top_p=1.0, max_tokens=n, min_tokens=n, ignore_eos=True,
+                           detokenize=False)
+                return [SamplingParams(**one, seed=i, logprobs=0) for i in range(B)] if seeded else \
+                    SamplingParams(**one)
+            sp, warm = params(N), params(min(N, args.vllm_warmup_tokens))
             reqs = [TokensPrompt(prompt_token_ids=p) for p in prompts]
             n_tok, dt = timed(lambda r=reqs, s=sp: sum(len(o.outputs[0].token_ids)
                                                        for o in llm.generate(r, s, use_tqdm=False)),
                               warm=lambda r=reqs, s=warm: llm.generate(r, s, use_tqdm=False))
         except Exception as e:  # noqa: BLE001
-            emit({"shape": shape, "B": B, "P": P, "N": N, "method": "vllm", "error": f"{type(e).__name__}: {e}"[:400]})
+            emit({"shape": shape, "B": B, "P": P, "N": N, "method": method, "error": f"{type(e).__name__}: {e}"[:400]})
             continue
         import vllm
-        row(shape, cfg, n_params, B, P, N, "vllm", n_tok, dt, vllm=vllm.__version__)
+        row(shape, cfg, n_params, B, P, N, method, n_tok, dt, vllm=vllm.__version__)
     shutdown = getattr(getattr(llm.llm_engine, "engine_core", None), "shutdown", None)
     if shutdown is not None:                 # the engine process (multiprocessing mode) goes now, not at exit
         shutdown()
@@ -283,14 +291,14 @@ def main(argv=None):
             for B in map(int, args.batches.split(",")):
                 g = torch.Generator().manual_seed(1)
                 cases.append((B, P, N, torch.randint(0, cfg.vocab_size, (B, P), generator=g).tolist()))
-        run_local(shape, model, cases, [m for m in methods if m != "vllm"])
-        if "vllm" in methods:
+        run_local(shape, model, cases, [m for m in methods if not m.startswith("vllm")])
+        if vllm_methods := [m for m in methods if m.startswith("vllm")]:
             path = Path(tempfile.mkdtemp(prefix=f"rollout-{shape}-"))
             try:
                 model.save_pretrained(path)
                 del model
                 free()
-                run_vllm(shape, path, cfg, n_params, cases)
+                run_vllm(shape, path, cfg, n_params, cases, vllm_methods)
             finally:
                 shutil.rmtree(path, ignore_errors=True)
         model = None
