@@ -50,11 +50,12 @@ def pack(prompts: list[list[int]], responses: list[list[int]], pad_id: int, pack
     as_long = lambda x: torch.tensor(x, dtype=torch.long)  # noqa: E731
     rows, cols, targets, seq = [], [], [], []
     if packed:
-        starts = [0] + list(torch.tensor(lengths).cumsum(0)[:-1].tolist())
-        for b, (p, r, s) in enumerate(zip(prompts, responses, starts)):
-            cols += range(s + len(p) - 1, s + len(p) + len(r) - 1)
+        start = 0                                      # where sequence b begins in the one row
+        for b, (p, r) in enumerate(zip(prompts, responses)):
+            cols += range(start + len(p) - 1, start + len(p) + len(r) - 1)
             targets += r
             seq += [b] * len(r)
+            start += len(p) + len(r)
         ids = as_long([t for p, r in zip(prompts, responses) for t in p + r])[None]
         pos = as_long([i for n in lengths for i in range(n)])[None]
         return Batch(ids, None, torch.zeros(len(targets), dtype=torch.long), as_long(cols), as_long(targets),

@@ -35,11 +35,7 @@ def register() -> None:
 def use_packing(lm: torch.nn.Module) -> None:
     """Switch a Hugging Face model to packed batches (its attention becomes `attention` below)."""
     register()
-    lm.config._attn_implementation = NAME
-    for sub in lm.modules():               # sub-configs some models keep (text_config): the same switch
-        cfg = getattr(sub, "config", None)
-        if cfg is not None and cfg is not lm.config and hasattr(cfg, "_attn_implementation"):
-            cfg._attn_implementation = NAME
+    lm.config._attn_implementation = NAME              # every layer reads its attention from this one config
 
 
 def cu_seqlens(lengths: list[int]) -> torch.Tensor:
@@ -109,8 +105,8 @@ def _flash(q, k, v, cu, max_len, scale):
     return (_flash_outside_graph if EAGER else _flash_kernel)(q, k, v, cu, max_len, scale)
 
 
-def _flash_kernel(q, k, v, cu, max_len, scale, fn=None, kw=None):
-    fn, kw = (fn, dict(kw)) if fn is not None else (_VARLEN, dict(_VARLEN_KW))
+def _flash_kernel(q, k, v, cu, max_len, scale):
+    kw = dict(_VARLEN_KW)
     if "enable_gqa" not in kw and k.shape[1] != q.shape[1]:
         groups = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
@@ -118,7 +114,7 @@ def _flash_kernel(q, k, v, cu, max_len, scale, fn=None, kw=None):
         kw["scale"] = scale
     elif abs(scale - q.shape[-1] ** -0.5) > 1e-12:
         raise NotImplementedError("this torch's varlen_attn has no scale argument; the model's scale is not 1/√D")
-    return fn(q.contiguous(), k.contiguous(), v.contiguous(), cu, cu, max_len, max_len, **kw)
+    return _VARLEN(q.contiguous(), k.contiguous(), v.contiguous(), cu, cu, max_len, max_len, **kw)
 
 
 _flash_outside_graph = torch.compiler.disable(_flash_kernel)

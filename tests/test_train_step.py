@@ -241,8 +241,17 @@ def test_step_phase_defaults_cpu_unchanged_cuda_scaled(world):
     assert a.compile is False and not torch.cuda.is_available()
     assert p(["--compile"]).compile is True and p(["--compile", "on"]).compile is True
     assert p(["--compile", "off"]).compile is False and p(["--no-compile"]).compile is False
+    assert a.packing is False and p(["--packing", "on"]).packing is True     # padded on CPU unless asked
     assert resolve_auto("auto", True) is True and resolve_auto("auto", False) is False
     assert resolve_auto("on", False) is True and resolve_auto("off", True) is False
+    from lib.dist import RECOMPILE_LIMIT, allow_recompiles
+    saved = torch._dynamo.config.recompile_limit
+    try:     # compiled layers of four models need more than dynamo's default 8 graphs, or the rest run eagerly
+        torch._dynamo.config.recompile_limit = 8
+        allow_recompiles()
+        assert torch._dynamo.config.recompile_limit == RECOMPILE_LIMIT > 8
+    finally:
+        torch._dynamo.config.recompile_limit = saved
     assert score_limits(a, cuda=False) is None and score_limits(a, cuda=True) == (32, None)
     b = p(["--max-tokens-per-micro=1000"])
     assert score_limits(b, cuda=False) is None and score_limits(b, cuda=True) == (8, 4000)

@@ -2,6 +2,7 @@
 signature adaptation across torch releases, the packed layout's indexing, and the profile bench's CPU smoke.
 (The packed scorer's log-probs and gradient = plain padded HF: tests/test_train_step.py; 2 packed gloo processes =
 1 padded process: tests/test_train.py. The real FlashAttention kernel runs on CUDA only: bench/varlen_check.py.)"""
+import json
 import subprocess
 import sys
 
@@ -38,15 +39,16 @@ def fake_varlen_211(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, retu
 
 
 @pytest.mark.parametrize("hkv", [2, 6])
-def test_flash_glue_and_reference_equal_a_dense_block_causal_mask(hkv):
+def test_flash_glue_and_reference_equal_a_dense_block_causal_mask(hkv, monkeypatch):
     g = torch.Generator().manual_seed(0)
     lens = [1, 7, 3, 12]
     cu, T = varlen.cu_seqlens(lens), sum(lens)
     q = torch.randn(T, 6, 8, generator=g)
     k, v = torch.randn(T, hkv, 8, generator=g), torch.randn(T, hkv, 8, generator=g)
     want = dense_block_causal(q, k.repeat_interleave(6 // hkv, 1), v.repeat_interleave(6 // hkv, 1), cu, 0.3)
-    got = varlen._flash_kernel(q, k, v, cu, max(lens), 0.3, fn=fake_varlen_211,
-                               kw=varlen.call_kwargs(fake_varlen_211))
+    monkeypatch.setattr(varlen, "_VARLEN", fake_varlen_211)             # the CUDA kernel's place, on CPU
+    monkeypatch.setattr(varlen, "_VARLEN_KW", varlen.call_kwargs(fake_varlen_211))
+    got = varlen._flash_kernel(q, k, v, cu, max(lens), 0.3)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(varlen.reference(q, k, v, cu, max(lens), 0.3), want, atol=1e-5, rtol=1e-5)
 
@@ -90,7 +92,6 @@ def test_profile_bench_cpu_smoke(tmp_path):
                         "--variants", "off:4:2,on:4:2", "--out", str(out)], cwd=REPO, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    import json
     res = json.loads(out.read_text())
     assert [v["packing"] for v in res["variants"]] == [False, True]
     assert res["meta"]["packed_vs_padded_max_abs_lp"] < 1e-5
