@@ -102,6 +102,8 @@ def parse_args(argv=None):
       "grad: bigger than the update's; default on CUDA 4× the update's micro-batch, on CPU the update's plan)")
     a("--backend", default="hf", choices=["hf", "vllm"], help="rollout engine: in-process torch/hf, or colocated vLLM")
     a("--gpu-memory-utilization", type=float, default=0.3, help="vLLM's share of GPU memory (colocated with the trainer)")
+    a("--vllm-seeding", default="batch", choices=["batch", "request"], help="vLLM rollouts: one seed per step's batch "
+      "(reproducible as a batch, vLLM's batched sampler), or per request (batch-invariant, slower; lib/sampling_vllm.py)")
     a("--activation-checkpointing", action="store_true", help="recompute decoder layers in backward")
     a("--compile", nargs="?", const="on", default="auto", choices=["auto", "on", "off"],
       help="torch.compile each decoder layer of the student, teachers and reference (torchtitan-style); auto: on "
@@ -169,7 +171,7 @@ def make_engine(args, student_path, tokenizer, d, bf16):
         return sampling.load_engine("vllm", str(student_path), tokenizer, dtype="bfloat16" if bf16 else "float32",
                                     max_model_len=args.max_prompt_len + args.max_response_len,
                                     gpu_memory_utilization=args.gpu_memory_utilization, seed=args.seed,
-                                    enable_sleep_mode=d.device.type == "cuda", **multi)
+                                    seeding=args.vllm_seeding, enable_sleep_mode=d.device.type == "cuda", **multi)
     from transformers import AutoModelForCausalLM
     sampler_lm = AutoModelForCausalLM.from_pretrained(student_path, dtype=torch.bfloat16 if bf16 else torch.float32)
     # GPU rollouts draw in lib/draw.py's fast mode, all of a rank's rollouts at once; CPU runs keep the exact
@@ -371,10 +373,8 @@ def main(argv=None):
             loss, pg_N, clipped_NK, neg_log_ratio_NK, kl_N = micro_batch_loss(student, mb, kl.coef, n_tok / W,
                                                                               args.clip_eps)
             loss.backward()
-            upd["pg"] += pg_N.sum().item()
-            upd["kl"] += kl_N.sum().item()
-            upd["clipped"] += clipped_NK.sum().item()
-            upd["neg_log_ratio"] += neg_log_ratio_NK.sum().item()
+            for k, v in zip(upd, (pg_N, kl_N, clipped_NK, neg_log_ratio_NK)):   # on device: no host sync per micro-batch
+                upd[k] = upd[k] + v.sum(dtype=torch.float64)
         clock.mark("update")                                          # forward + backward only
         grad_norm = torch.nn.utils.clip_grad_norm_(student.parameters(), args.grad_clip)
         grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)

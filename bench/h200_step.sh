@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole 03_opd_train step on one H200, measured per phase beside each phase's floor (issues 14, 15, 16).
 # Run on the GPU machine from the repo root:
-#   OUT=/some/dir PHASE=vllm    bash bench/h200_step.sh   # vLLM smoke checks, 20 colocated steps, floors
+#   OUT=/some/dir PHASE=vllm    bash bench/h200_step.sh   # vLLM smoke checks (SMOKE=0: none), 20 colocated steps, floors
 #   OUT=/some/dir PHASE=builtin bash bench/h200_step.sh   # the same step with the built-in sampler, floors
 # Shape: random Qwen2.5-1.5B student and teachers (lib/shapes.py), 64 prompts × 4 rollouts, every rollout 400 new
 # tokens (random weights never stop early), delta-topk (K = 16), the CUDA defaults of 03 (compiled layers, scoring
@@ -11,8 +11,10 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 VLLM_USE_FLASHINFER_SAMPLER=0 OPD_D
 OUT=${OUT:-/tmp/out}; PHASE=${PHASE:-vllm}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,noheader | tee "$OUT/device.txt"
 if [ "$PHASE" = vllm ]; then
-  echo "== vLLM smoke checks (bench/vllm_smoke.py) =="
-  timeout 240 python3 bench/vllm_smoke.py --out "$OUT/vllm_smoke.json" 2>&1 | grep -E "^(PASS|FAIL)|Error|error" | tail -20
+  if [ "${SMOKE:-1}" = 1 ]; then
+    echo "== vLLM smoke checks (bench/vllm_smoke.py) =="
+    timeout 240 python3 bench/vllm_smoke.py --out "$OUT/vllm_smoke.json" 2>&1 | grep -E "^(PASS|FAIL)|Error|error" | tail -20
+  fi
   echo "== 20 colocated steps (bench/vllm_colocated.sh) =="
   OUT="$OUT" STEPS=${STEPS:-20} LIMIT=${LIMIT:-420} bash bench/vllm_colocated.sh 2>&1 | grep -v "^[0-9.]* \(step\|sample\)" | tail -40
   M=/tmp/vllm-colocated/train/delta-topk/metrics.jsonl

@@ -17,9 +17,10 @@ bench/RESULTS.md's run 2), `ours_exact` (ours with exact Gumbel-max draws), abla
 `ours_nocompile`, `ours_matmul`, `ours_plaindraw` (ours with one optimization off), `ours_autotune` (the blocks
 compiled with mode max-autotune-no-cudagraphs: minutes of compile per slot count), `vllm` (vLLM's LLM on the same random weights, saved with save_pretrained; one
 engine per shape, started after the other methods and freed before the next shape; one SamplingParams for all
-requests, no seed, no log-probs), `vllm_seeded` (the same engine sampling as 03's rollouts ask it to,
-lib/sampling_vllm.py: a seed per request and the sampled token's raw log-prob; vLLM samples seeded requests with a
-generator each, off its batched path), `generate_static`,
+requests, no seed, no log-probs), `vllm_seeded` (the same engine sampling as lib/sampling_vllm.py's
+seeding="request" asks it to: a seed per request and the sampled token's raw log-prob; vLLM samples seeded requests
+with a generator each, off its batched path), `vllm_batch` (as its seeding="batch", 03's default: no request seed,
+torch's global generator seeded for the call, the raw log-prob), `generate_static`,
 `generate_dynamic` (transformers). A method that fails prints a row with its error and the run goes on.
 
 Bandwidth bound (what a decode step must at least read: every weight once, every sequence's KV cache once):
@@ -65,7 +66,7 @@ def parse(argv=None):
     p.add_argument("--shapes", default="qwen2.5-1.5b,qwen2.5-7b", help="comma-separated lib/shapes.py shapes, or tiny")
     p.add_argument("--batches", default="64,256", help="comma-separated batch sizes B")
     p.add_argument("--lengths", default="512+1024", help="comma-separated PROMPT+NEW token counts, e.g. 512+1024,256+400")
-    p.add_argument("--methods", default="ours,ours_prev,vllm", help=f"comma-separated, of {sorted(VARIANTS)}, vllm, vllm_seeded, "
+    p.add_argument("--methods", default="ours,ours_prev,vllm", help=f"comma-separated, of {sorted(VARIANTS)}, vllm, vllm_seeded, vllm_batch, "
                    "generate_static, generate_dynamic")
     p.add_argument("--slots", default=None, type=lambda x: [int(v) for v in x.split(",")],
                    help="comma-separated decoder slot counts for ours* (default B; 03_opd_train's HFEngine has "
@@ -249,8 +250,10 @@ def run_vllm(shape, path, cfg, n_params, cases, variants=("vllm",)):
             def params(n, seeded=method == "vllm_seeded"):
                 one = dict(n=1, temperature=1.0, top_p=1.0, max_tokens=n, min_tokens=n, ignore_eos=True,
                            detokenize=False)
+                if method == "vllm_batch":
+                    torch.manual_seed(B * 1000 + n)
                 return [SamplingParams(**one, seed=i, logprobs=0) for i in range(B)] if seeded else \
-                    SamplingParams(**one)
+                    SamplingParams(**one, logprobs=0 if method == "vllm_batch" else None)
             sp, warm = params(N), params(min(N, args.vllm_warmup_tokens))
             reqs = [TokensPrompt(prompt_token_ids=p) for p in prompts]
             n_tok, dt = timed(lambda r=reqs, s=sp: sum(len(o.outputs[0].token_ids)

@@ -59,11 +59,18 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     return lm.model.layers
 
 
-def shard(model: nn.Module, *, bf16: bool, activation_checkpointing: bool = False, compile: bool = False) -> nn.Module:
+def shard(model: nn.Module, *, bf16: bool, activation_checkpointing: bool = False, compile: bool = False,
+          reshard_after_forward: bool | None = None) -> nn.Module:
     """FSDP2: each decoder layer is one unit (its params are gathered just before it runs), then the root.
-    Order as in torchtitan: activation checkpointing, then torch.compile of each layer, then fully_shard."""
+    Order as in torchtitan: activation checkpointing, then torch.compile of each layer, then fully_shard.
+
+    `reshard_after_forward` None = only with more than one rank. On one rank the shard is the whole model: resharding
+    saves no memory and re-copies (and re-casts) every layer's weights for the backward of every micro-batch and for
+    every forward of a frozen model. Kept gathered, a trainable layer is copied once per micro-batch of the update
+    (FSDP2 reshards after backward) and a frozen one once, for one more bf16 copy of each model in memory."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+    reshard = dist.get_world_size() > 1 if reshard_after_forward is None else reshard_after_forward
     layers = decoder_layers(model)
     if compile:
         allow_recompiles()
@@ -75,8 +82,8 @@ def shard(model: nn.Module, *, bf16: bool, activation_checkpointing: bool = Fals
         if compile:
             layer.compile()          # in place: identical layers share one compiled graph
         # the last layer stays gathered after forward: backward needs it first
-        fully_shard(layer, mp_policy=mp, reshard_after_forward=i < len(layers) - 1)
-    fully_shard(model, mp_policy=mp)
+        fully_shard(layer, mp_policy=mp, reshard_after_forward=reshard and i < len(layers) - 1)
+    fully_shard(model, mp_policy=mp, reshard_after_forward=reshard)
     return model
 
 

@@ -3,9 +3,17 @@
 Per request: SamplingParams(temperature, top_p, max_tokens, seed, logprobs=0) — logprobs=0 returns the sampled
 token's log-prob only, and the engine is built with logprobs_mode="raw_logprobs" (log_softmax of the unscaled
 logits, before temperature and top-p), the same quantity the `hf` backend records. Prompts go in as token ids
-(TokensPrompt); vLLM does not detokenize: the text is decoded by our tokenizer, exactly as for `hf`. A seeded request
-draws from its own torch.Generator, so it does not depend on its batch neighbours (up to logit numerics); its
-samples differ from the `hf` backend's (a different RNG), greedy outputs do not.
+(TokensPrompt); vLLM does not detokenize: the text is decoded by our tokenizer, exactly as for `hf`. Samples differ
+from the `hf` backend's (a different RNG); greedy outputs do not. Two ways to seed (`seeding`):
+
+- "request" (default): each request carries its seed and draws from its own torch.Generator, so it does not depend
+  on its batch neighbours (up to logit numerics). vLLM then draws each seeded request's noise in a loop of its own,
+  one kernel per request per token, off its batched sampler (its own code says this is slow).
+- "batch": no request carries a seed; the call runs with torch's global generator set from all of the call's seeds
+  (the caller's generator state is restored after), and vLLM draws the whole batch's noise at once. The call is
+  reproducible as a whole (the same prompts in the same order, the same engine settings: what a resumed training
+  step samples), but a request's tokens depend on its batch-mates. The engine runs in this process (below), so the
+  global generator is the one vLLM's sampler reads.
 
 The engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) so that `update_weights` hands tensors to the
 model without serialisation: it calls the worker's `reload_weights` (vLLM's in-place reload, which also redoes the
@@ -16,12 +24,21 @@ that reload misses (a tied lm_head, see `_repack_vocab_gemms`), then drops the p
 """
 from __future__ import annotations
 
+import hashlib
 import os
 from functools import partial
 
 from tqdm.auto import tqdm
 
 from lib.completion import Completion, make_completion, stop_ids
+
+SEEDINGS = ("request", "batch")
+
+
+def batch_seed(seeds) -> int:
+    """One 63-bit seed from a call's request seeds, in order (seeding="batch")."""
+    digest = hashlib.sha256(",".join(str(int(s)) for s in seeds).encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
 
 
 def _repack_vocab_gemms(worker) -> None:
@@ -39,7 +56,10 @@ class VLLMEngine:
 
     def __init__(self, path, *, dtype="auto", max_model_len: int, tokenizer=None, gpu_memory_utilization: float = 0.5,
                  enable_sleep_mode: bool = False, seed: int = 0, cpu_kv_cache_gib: int = 4,
-                 stop_token_ids: list[int] | None = None, **llm_kwargs):
+                 stop_token_ids: list[int] | None = None, seeding: str = "request", **llm_kwargs):
+        if seeding not in SEEDINGS:
+            raise ValueError(f"VLLMEngine: unknown seeding {seeding!r}; choose one of {SEEDINGS}")
+        self.seeding = seeding
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cpu_kv_cache_gib))   # GiB; read by the CPU worker only
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"                         # in-process: see the docstring
         from vllm import LLM
@@ -102,14 +122,19 @@ class VLLMEngine:
     def generate(self, prompts, seeds, *, temperature, top_p, max_new_tokens, progress) -> list[Completion]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
-        greedy = temperature == 0
+        import torch
+        greedy, per_request = temperature == 0, self.seeding == "request"
         params = [SamplingParams(temperature=temperature, top_p=1.0 if greedy else top_p, max_tokens=max_new_tokens,
-                                 seed=None if greedy else int(s) & (2**63 - 1),  # a 64-bit seed, mod 2^63 for torch
+                                 seed=int(s) & (2**63 - 1) if per_request and not greedy else None,  # mod 2^63: torch
                                  logprobs=0, stop_token_ids=self.stop, ignore_eos=False,
                                  detokenize=False, skip_special_tokens=True)
                   for s in seeds]
         bar = partial(tqdm, desc=progress if isinstance(progress, str) else "sampling (vllm)") if progress else False
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=bar)
+        devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+        with torch.random.fork_rng(devices=devices):
+            if not per_request:
+                torch.manual_seed(batch_seed(seeds))
+            outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=bar)
         stop, done = set(self.stop), []
         for i, o in enumerate(outs):
             c = o.outputs[0]

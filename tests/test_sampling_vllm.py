@@ -117,6 +117,18 @@ def test_vllm_seeded_sampling_is_deterministic_and_batch_invariant(tiny):
     assert all(len(c["logprobs"]) == len(c["token_ids"]) for c in out["sampled"])
 
 
+def test_vllm_batch_seeding_repeats_and_restores_the_callers_generator(tiny):
+    """seeding="batch": the same call twice gives the same tokens, other seeds other tokens, the log-probs are still
+    the raw ones, and the caller's global torch generator is where it was."""
+    _, model, _, prompts, out = tiny
+    tokens = {k: [c["token_ids"] for c in out[k]] for k in ("batch", "batch_again", "batch_other", "sampled")}
+    assert tokens["batch"] == tokens["batch_again"]
+    assert tokens["batch"] != tokens["batch_other"]
+    assert tokens["batch"] != tokens["sampled"]                # the request seeds were not used one by one
+    assert max_logprob_gap(model, prompts, out["batch"]) < 1e-4
+    assert out["global_rng_after_batch_calls"] == out["global_rng_expected"]
+
+
 def test_vllm_update_weights_loads_them(tiny):
     tok, model, model_pert, prompts, out = tiny
     assert [c["token_ids"] for c in out["greedy_perturbed"]] != [c["token_ids"] for c in out["greedy"]]
