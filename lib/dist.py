@@ -64,13 +64,15 @@ def shard(model: nn.Module, *, bf16: bool, activation_checkpointing: bool = Fals
     """FSDP2: each decoder layer is one unit (its params are gathered just before it runs), then the root.
     Order as in torchtitan: activation checkpointing, then torch.compile of each layer, then fully_shard.
 
-    `reshard_after_forward` None = only with more than one rank. On one rank the shard is the whole model: resharding
-    saves no memory and re-copies (and re-casts) every layer's weights for the backward of every micro-batch and for
-    every forward of a frozen model. Kept gathered, a trainable layer is copied once per micro-batch of the update
-    (FSDP2 reshards after backward) and a frozen one once, for one more bf16 copy of each model in memory."""
+    `reshard_after_forward` None = for a frozen model, or with more than one rank. A trainable model on one rank is
+    kept gathered between forward and backward: its shard is the whole model, and resharding would copy (and cast)
+    every layer's weights a second time for the backward of every micro-batch. FSDP2 still reshards after backward,
+    so the optimizer step and the next gather see the new weights. The cost is one bf16 copy of the model in memory.
+    Frozen models reshard: they are gathered once per scoring micro-batch, and a second copy of each is memory."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
-    reshard = dist.get_world_size() > 1 if reshard_after_forward is None else reshard_after_forward
+    frozen = not any(p.requires_grad for p in model.parameters())
+    reshard = (frozen or dist.get_world_size() > 1) if reshard_after_forward is None else reshard_after_forward
     layers = decoder_layers(model)
     if compile:
         allow_recompiles()

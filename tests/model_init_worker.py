@@ -55,6 +55,10 @@ def main(specs):
                      [torch.randint(0, V, (n,), generator=g).tolist() for n in (11, 4, 8)], 0).to(d.device)
         grad = not kw["frozen"]
         got, want, ref = (outputs(m, batch, 4, grad) for m in (meta, old, plain))
+        with torch.no_grad():                   # a scoring pass: lib/dist.shard's reshard rule decides what stays
+            meta(batch, None, topk=4)
+        w = D.decoder_layers(meta)[0].self_attn.q_proj.weight
+        gathered = not hasattr(w, "full_tensor")                   # FSDP2 swaps the gathered plain tensor in
         mp, op = dict(meta.named_parameters()), dict(old.named_parameters())
         r = {"spec": spec, "rank": d.rank,
              "param_names": list(mp) == list(op),
@@ -64,6 +68,7 @@ def main(specs):
                  for (na, a), (nb, b) in zip(meta.named_buffers(), old.named_buffers(), strict=True)),
              "tied": (lm.lm_head.weight is lm.model.embed_tokens.weight) == bool(cfg.tie_word_embeddings),
              "training": lm.training == old.lm.training,
+             "gathered_after_forward": gathered == (grad and d.world == 1),     # trainable, one rank: kept gathered
              "requires_grad": [p.requires_grad for p in mp.values()] == [p.requires_grad for p in op.values()],
              "outputs": {k: torch.equal(got[k], want[k]) for k in want},
              "outputs_vs_unsharded": {k: torch.equal(got[k], ref[k]) for k in want if not k.startswith("grad/")}}
