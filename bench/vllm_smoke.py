@@ -13,6 +13,7 @@ next-token distributions are peaked and greedy decoding has no near-ties) saved 
     logprobs    vLLM's raw log-prob of each sampled token against transformers' log_softmax at it (fp32 both)
     sleep       sleep() frees GPU memory (mem_get_info), wake_up() restores the engine: greedy unchanged
     push        weights perturbed and pushed with update_weights: vLLM's greedy = transformers' greedy under them
+    push_level2 the same after sleep(level=2), which discards the weights instead of copying them to host memory
 
 Each check prints PASS/FAIL with its number; the exit status is 1 if any failed.
 """
@@ -125,6 +126,22 @@ def main() -> int:
     pushed = run(prompts, [0] * len(prompts), 0.0)
     ok["push"] = same(pushed, hf_greedy(model, prompts, n)) and pushed != greedy
     res["push"] = {"greedy_matches_hf_after_push": ok["push"], "changed": pushed != greedy}
+
+    # the same with level 2, where the push is the weights' only way back (and vLLM restores the buffers)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    before = free()
+    engine.sleep(level=2)
+    freed2 = free() - before
+    engine.wake_up(["weights"])
+    engine.update_weights(model.state_dict().items())
+    engine.wake_up(["kv_cache"])
+    pushed2 = run(prompts, [0] * len(prompts), 0.0)
+    ok["push_level2"] = same(pushed2, hf_greedy(model, prompts, n)) and pushed2 != pushed and (
+        freed2 > 2 ** 30 or DEV == "cpu")
+    res["push_level2"] = {"greedy_matches_hf_after_push": same(pushed2, hf_greedy(model, prompts, n)),
+                          "changed": pushed2 != pushed, "freed_gib": freed2 / 2 ** 30}
 
     for k, v in ok.items():
         print(f"{'PASS' if v else 'FAIL'} {k}: {json.dumps(res[k])}")

@@ -31,8 +31,18 @@ from functools import partial
 from tqdm.auto import tqdm
 
 from lib.completion import Completion, make_completion, stop_ids
+from lib.errors import UserError
 
 SEEDINGS = ("request", "batch")
+
+
+def sleep_level() -> int:
+    """OPD_VLLM_SLEEP_LEVEL (default 1), checked when the engine is built; `VLLMEngine.sleep` says what each means."""
+    raw = os.environ.get("OPD_VLLM_SLEEP_LEVEL", "1")
+    if raw not in ("1", "2"):
+        raise UserError(f"OPD_VLLM_SLEEP_LEVEL={raw!r}: use 1 (weights copied to host memory while asleep) or 2 "
+                         "(weights discarded, restored by the next weight push)")
+    return int(raw)
 
 
 def batch_seed(seeds) -> int:
@@ -59,7 +69,7 @@ class VLLMEngine:
                  stop_token_ids: list[int] | None = None, seeding: str = "request", **llm_kwargs):
         if seeding not in SEEDINGS:
             raise ValueError(f"VLLMEngine: unknown seeding {seeding!r}; choose one of {SEEDINGS}")
-        self.seeding = seeding
+        self.seeding, self.sleep_level = seeding, sleep_level()
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cpu_kv_cache_gib))   # GiB; read by the CPU worker only
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"                         # in-process: see the docstring
         from vllm import LLM
@@ -88,14 +98,19 @@ class VLLMEngine:
             raise RuntimeError("vLLM refused to reset its prefix cache after a weight update (requests in flight?); "
                                "call update_weights only between sample() calls")
 
-    def sleep(self, level: int = 1) -> None:
+    def sleep(self, level: int | None = None) -> None:
         """Free the engine's GPU memory while the trainer works; no-op (see sleep_note) where unsupported.
 
-        Level 1 (weights copied to host memory, KV cache dropped), not level 2 (weights discarded): level 2 also
-        discards buffers that no state dict carries (rotary tables, …), which a weight push cannot restore. The copy
-        of a 1.5B bf16 model costs ~0.2 s a step. How much this frees is measured and kept for `wake_up`."""
+        Level 1 (the default): weights copied to host memory, KV cache dropped; on one H200 the copy and its way
+        back cost ~0.2 s each a step at 1.5B. Level 2 discards the weights, so that the next `update_weights`,
+        which pushes every weight, is the only copy. vLLM's worker backs up the model's named buffers (rotary
+        tables) to the host at level 2 and restores them on waking, since vLLM's pull request 16889. A tensor that
+        is neither a parameter nor a buffer would still be lost, hence level 1 as the default until
+        bench/vllm_smoke.py's push_level2 check has passed on the GPU. `OPD_VLLM_SLEEP_LEVEL` (1 or 2) sets it for a
+        whole run, as verl's VLLM_SLEEP_LEVEL does. How much sleeping frees is measured and kept for `wake_up`."""
         if self.sleep_note is None:
             import torch
+            level = level or self.sleep_level
             before = torch.cuda.mem_get_info()[0]
             self.llm.sleep(level=level)
             self.footprint = max(getattr(self, "footprint", 0), torch.cuda.mem_get_info()[0] - before)

@@ -58,6 +58,18 @@ def max_logprob_gap(model, prompts, completions) -> float:
                for x, y in zip(c["logprobs"], forward_logprobs(model, p, c["token_ids"])))
 
 
+def test_sleep_level_comes_from_the_environment_and_a_bad_one_is_refused_in_one_line(monkeypatch):
+    from lib.errors import UserError
+    from lib.sampling_vllm import sleep_level
+    monkeypatch.delenv("OPD_VLLM_SLEEP_LEVEL", raising=False)
+    assert sleep_level() == 1
+    monkeypatch.setenv("OPD_VLLM_SLEEP_LEVEL", "2")
+    assert sleep_level() == 2
+    monkeypatch.setenv("OPD_VLLM_SLEEP_LEVEL", "3")
+    with pytest.raises(UserError, match="OPD_VLLM_SLEEP_LEVEL='3': use 1"):
+        sleep_level()
+
+
 # --- the tiny random Qwen2 ---
 
 @pytest.fixture(scope="module")
