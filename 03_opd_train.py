@@ -368,7 +368,7 @@ def main(argv=None):
         student.train()
         optim.zero_grad(set_to_none=True)
         upd = dict(pg=0.0, kl=0.0, clipped=0.0, neg_log_ratio=0.0)
-        for mb in mbs:
+        for mb in D.micro_batches(student, mbs):
             # FSDP averages gradients over W ranks: dividing by n_tok / W turns that back into the global token-mean
             loss, pg_N, clipped_NK, neg_log_ratio_NK, kl_N = micro_batch_loss(student, mb, kl.coef, n_tok / W,
                                                                               args.clip_eps)

@@ -89,6 +89,20 @@ def shard(model: nn.Module, *, bf16: bool, activation_checkpointing: bool = Fals
     return model
 
 
+def micro_batches(model: nn.Module, items: list):
+    """Yield the update's micro-batches. On one rank, FSDP2 is told to keep the weights gathered and to sum the
+    gradients unsharded (in its fp32 reduce dtype) until the last micro-batch, which reduces them once and reshards:
+    the shard is the whole model there, so per-micro-batch gathers and reduce-scatters are copies that change
+    nothing. With more ranks every micro-batch reduces and reshards as usual (memory: unsharded fp32 gradients)."""
+    one = dist.get_world_size() == 1 and hasattr(model, "set_requires_gradient_sync")
+    for i, item in enumerate(items):
+        if one:
+            last = i == len(items) - 1
+            model.set_requires_gradient_sync(last)
+            model.set_reshard_after_backward(last)
+        yield item
+
+
 RECOMPILE_LIMIT = 64
 
 
