@@ -156,7 +156,7 @@ def main():
         """03's step 4 without the optimizer: forward + backward of every update micro-batch."""
         student.train()
         n_tok = sum(len(r) for r in resp)
-        for mb in mbs:
+        for mb in D.micro_batches(student, mbs):
             m03.micro_batch_loss(student, mb, 0.01, n_tok, 0.2)[0].backward()
         sync()
 
