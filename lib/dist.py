@@ -126,7 +126,12 @@ def full_state_dict(model: nn.Module) -> dict:
 
 
 def full_params(model: nn.Module):
-    """(name, full tensor) for every parameter, on every rank: what is pushed into a sampler each step. Collective."""
+    """(name, full tensor) for every parameter, on every rank: what is pushed into a sampler each step. Collective.
+    Gathered layers (one rank keeps the student gathered after forward: `shard`) are resharded first, so that the
+    push reads the fp32 master weights and not a bf16 compute copy."""
+    for m in model.modules():
+        if hasattr(m, "reshard") and hasattr(m, "set_requires_gradient_sync"):     # an FSDP2 unit
+            m.reshard()
     for name, p in model.named_parameters():
         t = p.data
         yield _clean(name), (t.full_tensor() if hasattr(t, "full_tensor") else t)

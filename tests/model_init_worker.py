@@ -59,6 +59,8 @@ def main(specs):
             meta(batch, None, topk=4)
         w = D.decoder_layers(meta)[0].self_attn.q_proj.weight
         gathered = not hasattr(w, "full_tensor")                   # FSDP2 swaps the gathered plain tensor in
+        pushed = dict(D.full_params(meta))                         # the sampler's push reshards first
+        resharded = hasattr(D.decoder_layers(meta)[0].self_attn.q_proj.weight, "full_tensor")
         mp, op = dict(meta.named_parameters()), dict(old.named_parameters())
         r = {"spec": spec, "rank": d.rank,
              "param_names": list(mp) == list(op),
@@ -69,6 +71,7 @@ def main(specs):
              "tied": (lm.lm_head.weight is lm.model.embed_tokens.weight) == bool(cfg.tie_word_embeddings),
              "training": lm.training == old.lm.training,
              "gathered_after_forward": gathered == (grad and d.world == 1),     # trainable, one rank: kept gathered
+             "push_reshards": resharded and all(torch.equal(a, full(b)) for a, b in zip(pushed.values(), mp.values(), strict=True)),
              "requires_grad": [p.requires_grad for p in mp.values()] == [p.requires_grad for p in op.values()],
              "outputs": {k: torch.equal(got[k], want[k]) for k in want},
              "outputs_vs_unsharded": {k: torch.equal(got[k], ref[k]) for k in want if not k.startswith("grad/")}}

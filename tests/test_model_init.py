@@ -43,7 +43,7 @@ def check(p, n_ranks):
     assert len(results) == 6 * n_ranks
     for r in results:
         bad = [k for k in ("param_names", "params", "buffers", "tied", "training", "requires_grad",
-                           "gathered_after_forward") if not r[k]]
+                           "gathered_after_forward", "push_reshards") if not r[k]]
         bad += [f"outputs[{k}]" for k, ok in r["outputs"].items() if not ok]
         bad += [f"vs unsharded[{k}]" for k, ok in r["outputs_vs_unsharded"].items() if not ok]
         assert not bad, f"{r['spec']} rank {r['rank']}: differs in {bad}"
