@@ -94,20 +94,17 @@ class GatherLogits(torch.autograd.Function):
         hidden_NH, weight_VH, ids_NJ = ctx.saved_tensors
         H = hidden_NH.shape[1]
         grad_h = torch.empty(hidden_NH.shape, dtype=torch.float32, device=hidden_NH.device)
-        # the weight gradient touches only the ids scored: accumulate those rows in fp32 (U × H, not V × H)
-        uniq_U, where_NJ = torch.unique(ids_NJ, return_inverse=True)
-        acc_UH = torch.zeros(len(uniq_U), H, dtype=torch.float32, device=hidden_NH.device) \
+        # the weight gradient, accumulated in fp32 over all V rows: compacting to the ids scored first (torch.unique)
+        # would wait for the device to learn how many there are, a host sync in every backward
+        acc_VH = torch.zeros(weight_VH.shape, dtype=torch.float32, device=hidden_NH.device) \
             if ctx.needs_input_grad[1] else None
         for r in _gather_chunks(*ids_NJ.shape, H):
             g = g_NJ[r].float()
             grad_h[r] = torch.einsum("nj,njh->nh", g, weight_VH[ids_NJ[r]].float())
-            if acc_UH is not None:
+            if acc_VH is not None:
                 outer = (g[:, :, None] * hidden_NH[r].float()[:, None]).reshape(-1, H)     # (n·J, H)
-                acc_UH.index_add_(0, where_NJ[r].reshape(-1), outer)
-        grad_w = None
-        if acc_UH is not None:
-            grad_w = torch.zeros_like(weight_VH)
-            grad_w[uniq_U] = acc_UH.to(weight_VH.dtype)
+                acc_VH.index_add_(0, ids_NJ[r].reshape(-1), outer)
+        grad_w = None if acc_VH is None else acc_VH.to(weight_VH.dtype)
         return grad_h.to(hidden_NH.dtype), grad_w, None
 
 
