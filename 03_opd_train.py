@@ -54,7 +54,7 @@ from lib import benchmarks, models, opd, registry, runs, tracking, train_checkpo
 from lib.artifacts import atomic_write_json, atomic_write_text, read_jsonl, wall_clock, write_manifest
 from lib.data import prompt_ids, require_rows, stable_seed
 from lib.model_init import build_scorer
-from lib.scoring import pack, regroup, score_ids
+from lib.scoring import pack, regroup, score_ids, to_device
 from lib.step_phases import PhaseClock, equal_plan, peak_tflops, resolve_auto, sampler_slots, score_limits
 
 
@@ -191,16 +191,16 @@ def score_micro_batch(student, teachers, ref, batch, K, completions):
         ids_NJ = torch.cat([batch.targets_N[:, None], topk_ids_NK], 1)
         scored = {k: m(batch, ids_NJ, with_entropy=True) for k, m in teachers.items()}
         ref_N = score_ids(ref, batch, batch.targets_N[:, None])[:, 0] if ref is not None else None
-    last = torch.tensor([len(o.token_ids) for o in completions], device=dev).cumsum(0) - 1
-    is_stop_N = torch.zeros_like(lp_N, dtype=torch.bool)
-    is_stop_N[last[torch.tensor([o.finish_reason == "stop" for o in completions], device=dev)]] = True
+    is_stop_N = torch.zeros(len(lp_N), dtype=torch.bool)
+    is_stop_N[[int(e) for e, o in zip(np.cumsum([len(o.token_ids) for o in completions]) - 1, completions)
+               if o.finish_reason == "stop"]] = True
     # the sampled token's Δ = log π_post − log π_pre (opd: log π_T − log π_θ), logged for every reward
     delta_N = (scored["pi_post"][0][:, 0] - scored["pi_pre"][0][:, 0]) if "pi_post" in scored \
         else scored["teacher"][0][:, 0] - lp_N
     return dict(batch=batch, old_N=lp_N, topk_ids=topk_ids_NK, old_topk=topk_lp_NK, ent_N=ent_N,
                 lp_t={k: v[0] for k, v in scored.items()}, ent_t={k: v[1] for k, v in scored.items()}, ref_N=ref_N,
-                delta_N=delta_N, is_stop_N=is_stop_N,
-                sampler_N=torch.tensor([x for o in completions for x in o.logprobs], device=dev))
+                delta_N=delta_N, is_stop_N=to_device(is_stop_N, dev),
+                sampler_N=to_device(torch.tensor([x for o in completions for x in o.logprobs]), dev))
 
 
 def micro_batch_loss(student, mb, kl_coef, n_tokens, clip_eps):

@@ -39,8 +39,18 @@ class Batch:
         return self.cu_seqlens is not None
 
     def to(self, device):
-        return Batch(**{f.name: v.to(device) if isinstance(v := getattr(self, f.name), torch.Tensor) else v
+        return Batch(**{f.name: to_device(v, device) if isinstance(v := getattr(self, f.name), torch.Tensor) else v
                         for f in fields(self)})
+
+
+def to_device(t: torch.Tensor, device) -> torch.Tensor:
+    """A host tensor onto `device`. To CUDA through pinned memory, non-blocking: a plain copy from pageable memory
+    waits until the device has finished everything queued before it, which would drain the pipeline once per
+    micro-batch. (PyTorch keeps the pinned block alive until the copy is done.)"""
+    device = torch.device(device)
+    if device.type != "cuda" or t.device.type != "cpu":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 def pack(prompts: list[list[int]], responses: list[list[int]], pad_id: int, packed: bool = False) -> Batch:
@@ -231,7 +241,7 @@ def regroup(parts: list[dict], plan_from: list[list[int]], plan_to: list[list[in
             start[i], off = off, off + n_tokens[i]
     perm = torch.tensor([t for idx in plan_to for i in idx for t in range(start[i], start[i] + n_tokens[i])],
                         dtype=torch.long)
-    sizes = [sum(n_tokens[i] for i in idx) for idx in plan_to]
+    sizes, moved = [sum(n_tokens[i] for i in idx) for idx in plan_to], {}
 
     def split(values):
         if values[0] is None:
@@ -239,6 +249,8 @@ def regroup(parts: list[dict], plan_from: list[list[int]], plan_to: list[list[in
         if isinstance(values[0], dict):
             cols = {k: split([v[k] for v in values]) for k in values[0]}
             return [{k: cols[k][j] for k in cols} for j in range(len(plan_to))]
-        return list(torch.cat(values)[perm.to(values[0].device)].split(sizes))
+        dev = values[0].device
+        moved[dev] = moved[dev] if dev in moved else to_device(perm, dev)          # copied once, not per value
+        return list(torch.cat(values)[moved[dev]].split(sizes))
 
     return split(parts)
