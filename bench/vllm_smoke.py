@@ -10,6 +10,7 @@ next-token distributions are peaked and greedy decoding has no near-ties) saved 
 
     engine      the engine starts with sleep mode (VLLMEngine.sleep_note is None)
     seeded      the same seeds give the same tokens, also reversed and between other requests
+    batch_seeded  seeding="batch": the same call twice gives the same tokens, other seeds other tokens
     logprobs    vLLM's raw log-prob of each sampled token against transformers' log_softmax at it (fp32 both)
     sleep       sleep() frees GPU memory (mem_get_info), wake_up() restores the engine: greedy unchanged
     push        weights perturbed and pushed with update_weights: vLLM's greedy = transformers' greedy under them
@@ -101,6 +102,13 @@ def main() -> int:
     b = run(others + prompts[::-1], list(range(5)) + seeds[::-1], 1.0)[5:][::-1]
     ok["seeded"] = a == b and a != run(prompts, [s + 100 for s in seeds], 1.0)
     res["seeded"] = {"same_tokens_mixed_batch": a == b}
+
+    engine.seeding = "batch"                    # 03's default: one seed for the call, vLLM's batched sampler
+    batch, again, other = (run(prompts, ss, 1.0) for ss in (seeds, seeds, [s + 100 for s in seeds]))
+    ok["batch_seeded"] = batch == again and batch != other
+    res["batch_seeded"] = {"same_tokens_repeated": batch == again, "other_seeds_differ": batch != other,
+                           "differs_from_request_seeding": batch != a}
+    engine.seeding = "request"
 
     outs = sample(engine, prompts, seeds, temperature=1.0, top_p=1.0, max_new_tokens=n, progress=False)
     gap = max(abs(x - y) for c, p in zip(outs, prompts) for x, y in zip(c.logprobs, hf_logprobs(model, p, c.token_ids)))
