@@ -3,6 +3,7 @@
 - `init()`: one process group for every launch — gloo on CPU, NCCL on CUDA; a plain `python` launch is a group of 1.
 - `shard(model)`: `fully_shard` each decoder layer, then the root; bf16 params with fp32 gradient reduction on CUDA
   (fp32 everywhere on CPU, so 1-process and 2-process runs agree to float tolerance). Frozen models are sharded too.
+- `micro_batches(model, mbs)`: the update's loop; on one rank the gradients are reduced once, after the last one.
 - `full_state_dict(model)`: the unsharded weights (every rank takes part; rank 0 receives them on CPU).
 - `save_hf(...)`: a merged Hugging Face folder, loadable by `AutoModelForCausalLM.from_pretrained`, whose config,
   generation config and tokenizer files are copied byte-identical from the initial model.
@@ -59,20 +60,19 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     return lm.model.layers
 
 
-def shard(model: nn.Module, *, bf16: bool, activation_checkpointing: bool = False, compile: bool = False,
-          reshard_after_forward: bool | None = None) -> nn.Module:
+def shard(model: nn.Module, *, bf16: bool, activation_checkpointing: bool = False, compile: bool = False) -> nn.Module:
     """FSDP2: each decoder layer is one unit (its params are gathered just before it runs), then the root.
     Order as in torchtitan: activation checkpointing, then torch.compile of each layer, then fully_shard.
 
-    `reshard_after_forward` None = for a frozen model, or with more than one rank. A trainable model on one rank is
-    kept gathered between forward and backward: its shard is the whole model, and resharding would copy (and cast)
-    every layer's weights a second time for the backward of every micro-batch. FSDP2 still reshards after backward,
-    so the optimizer step and the next gather see the new weights. The cost is one bf16 copy of the model in memory.
-    Frozen models reshard: they are gathered once per scoring micro-batch, and a second copy of each is memory."""
+    Layers reshard after forward, except those of a trainable model on one rank: its shard is the whole model, and
+    resharding would copy (and cast) every layer's weights again for the backward of every micro-batch. FSDP2 still
+    reshards after backward (after the last micro-batch: `micro_batches`), so the optimizer step and the next gather
+    see the new weights; the cost is one bf16 copy of the model in memory. Frozen models reshard: they are gathered
+    once per scoring micro-batch, and a second copy of each would be memory."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
     frozen = not any(p.requires_grad for p in model.parameters())
-    reshard = (frozen or dist.get_world_size() > 1) if reshard_after_forward is None else reshard_after_forward
+    reshard = frozen or dist.get_world_size() > 1
     layers = decoder_layers(model)
     if compile:
         allow_recompiles()
@@ -94,7 +94,7 @@ def micro_batches(model: nn.Module, items: list):
     gradients unsharded (in its fp32 reduce dtype) until the last micro-batch, which reduces them once and reshards:
     the shard is the whole model there, so per-micro-batch gathers and reduce-scatters are copies that change
     nothing. With more ranks every micro-batch reduces and reshards as usual (memory: unsharded fp32 gradients)."""
-    one = dist.get_world_size() == 1 and hasattr(model, "set_requires_gradient_sync")
+    one = dist.get_world_size() == 1
     for i, item in enumerate(items):
         if one:
             last = i == len(items) - 1
@@ -129,8 +129,9 @@ def full_params(model: nn.Module):
     """(name, full tensor) for every parameter, on every rank: what is pushed into a sampler each step. Collective.
     Gathered layers (one rank keeps the student gathered after forward: `shard`) are resharded first, so that the
     push reads the fp32 master weights and not a bf16 compute copy."""
+    from torch.distributed.fsdp import FSDPModule
     for m in model.modules():
-        if hasattr(m, "reshard") and hasattr(m, "set_requires_gradient_sync"):     # an FSDP2 unit
+        if isinstance(m, FSDPModule):
             m.reshard()
     for name, p in model.named_parameters():
         t = p.data
