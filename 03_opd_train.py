@@ -102,8 +102,8 @@ def parse_args(argv=None):
       "grad: bigger than the update's; default on CUDA 4× the update's micro-batch, on CPU the update's plan)")
     a("--backend", default="hf", choices=["hf", "vllm"], help="rollout engine: in-process torch/hf, or colocated vLLM")
     a("--gpu-memory-utilization", type=float, default=0.3, help="vLLM's share of GPU memory (colocated with the trainer)")
-    a("--vllm-seeding", default="batch", choices=["batch", "request"], help="vLLM rollouts: one seed per step's batch "
-      "(reproducible as a batch, vLLM's batched sampler), or per request (batch-invariant, slower; lib/sampling_vllm.py)")
+    a("--logprob-gap-every", type=int, default=4, help="vLLM: the sampler's log-probs (for rollout/logprob_gap only) "
+      "from every K-th rollout, as returning them slows vLLM (bench/RESULTS.md); hf returns all for free")
     a("--activation-checkpointing", action="store_true", help="recompute decoder layers in backward")
     a("--compile", nargs="?", const="on", default="auto", choices=["auto", "on", "off"],
       help="torch.compile each decoder layer of the student, teachers and reference (torchtitan-style); auto: on "
@@ -171,7 +171,7 @@ def make_engine(args, student_path, tokenizer, d, bf16):
         return sampling.load_engine("vllm", str(student_path), tokenizer, dtype="bfloat16" if bf16 else "float32",
                                     max_model_len=args.max_prompt_len + args.max_response_len,
                                     gpu_memory_utilization=args.gpu_memory_utilization, seed=args.seed,
-                                    seeding=args.vllm_seeding, enable_sleep_mode=d.device.type == "cuda", **multi)
+                                    logprob_every=args.logprob_gap_every, enable_sleep_mode=d.device.type == "cuda", **multi)
     from transformers import AutoModelForCausalLM
     sampler_lm = AutoModelForCausalLM.from_pretrained(student_path, dtype=torch.bfloat16 if bf16 else torch.float32)
     # GPU rollouts draw in lib/draw.py's fast mode, all of a rank's rollouts at once; CPU runs keep the exact
@@ -197,10 +197,10 @@ def score_micro_batch(student, teachers, ref, batch, K, completions):
     # the sampled token's Δ = log π_post − log π_pre (opd: log π_T − log π_θ), logged for every reward
     delta_N = (scored["pi_post"][0][:, 0] - scored["pi_pre"][0][:, 0]) if "pi_post" in scored \
         else scored["teacher"][0][:, 0] - lp_N
+    sampler = [x for o in completions for x in o.logprobs or [math.nan] * len(o.token_ids)]  # NaN: vLLM gave none
     return dict(batch=batch, old_N=lp_N, topk_ids=topk_ids_NK, old_topk=topk_lp_NK, ent_N=ent_N,
                 lp_t={k: v[0] for k, v in scored.items()}, ent_t={k: v[1] for k, v in scored.items()}, ref_N=ref_N,
-                delta_N=delta_N, is_stop_N=to_device(is_stop_N, dev),
-                sampler_N=to_device(torch.tensor([x for o in completions for x in o.logprobs]), dev))
+                delta_N=delta_N, is_stop_N=to_device(is_stop_N, dev), sampler_N=to_device(torch.tensor(sampler), dev))
 
 
 def micro_batch_loss(student, mb, kl_coef, n_tokens, clip_eps):
@@ -395,11 +395,11 @@ def main(argv=None):
         local = {"pairs": pairs.numel(), "pair": pairs.sum(), "pair_sq": (pairs ** 2).sum(),
                  "pair_pos": (pairs > 0).sum(), "pair_abs": pairs.abs().sum(), "dl": dl.sum(), "dl_sq": (dl ** 2).sum(), "dl_pos": (dl > 0).sum(),
                  "dl_abs": dl.abs().sum(), "resp_tokens": sum(lens), "seqs": len(lens),
-                 "truncated": sum(o.finish_reason == "length" for o in outs),
-                 "entropy": sum(mb["ent_N"].sum() for mb in mbs),
+                 "truncated": sum(o.finish_reason == "length" for o in outs), "entropy": sum(mb["ent_N"].sum() for mb in mbs),
                  "teacher_entropy": sum(mb["ent_t"]["pi_post" if two_teachers else "teacher"].sum() for mb in mbs),
                  "ref_entropy": sum(mb["ent_t"]["pi_pre"].sum() for mb in mbs) if two_teachers else 0.0,
-                 **upd, "logprob_gap": sum((mb["sampler_N"] - mb["old_N"]).abs().sum() for mb in mbs),
+                 **upd, "logprob_gap": sum((mb["sampler_N"] - mb["old_N"]).abs().nansum() for mb in mbs),
+                 "gap_tokens": sum(mb["sampler_N"].isfinite().sum() for mb in mbs),
                  "prompt_tokens": sum(len(p) for p in req_prompts)}
         s = dict(zip(local, D.all_sum(*(float(v) for v in local.values()), device=d.device)))
         mx = dict(zip(["len_max", "len_neg_min", "pair_max", "pair_neg_min"],
@@ -432,7 +432,7 @@ def main(argv=None):
              "teacher/entropy": s["teacher_entropy"] / n_tok,
              "teacher_ref/entropy": s["ref_entropy"] / n_tok if two_teachers else None,
              "teacher/entropy_minus_ref": (s["teacher_entropy"] - s["ref_entropy"]) / n_tok if two_teachers else None,
-             "rollout/logprob_gap": s["logprob_gap"] / n_tok,
+             "rollout/logprob_gap": s["logprob_gap"] / max(s["gap_tokens"], 1),   # tokens with a sampler log-prob
              **{f"timing_s/{k}": v for k, v in ts.items()}, "timing_s/step": dt,
              "perf/tokens": all_tokens, "perf/response_tokens": s["resp_tokens"], "perf/sequences": s["seqs"],
              "perf/tokens_per_s": all_tokens / dt,

@@ -15,12 +15,12 @@ Methods: `ours` (the decoder's CUDA defaults: fused q|k|v and gate|up GEMMs, com
 attention over the live length, the fast draw's two-level search), `ours_prev` (the configuration before them:
 bench/RESULTS.md's run 2), `ours_exact` (ours with exact Gumbel-max draws), ablations `ours_nofuse`,
 `ours_nocompile`, `ours_matmul`, `ours_plaindraw` (ours with one optimization off), `ours_autotune` (the blocks
-compiled with mode max-autotune-no-cudagraphs: minutes of compile per slot count), `vllm` (vLLM's LLM on the same random weights, saved with save_pretrained; one
-engine per shape, started after the other methods and freed before the next shape; one SamplingParams for all
-requests, no seed, no log-probs), `vllm_seeded` (the same engine sampling as lib/sampling_vllm.py's
-seeding="request" asks it to: a seed per request and the sampled token's raw log-prob; vLLM samples seeded requests
-with a generator each, off its batched path), `vllm_batch` (as its seeding="batch", 03's default: no request seed,
-torch's global generator seeded for the call, the raw log-prob), `generate_static`,
+compiled with mode max-autotune-no-cudagraphs: minutes of compile per slot count), `vllm` (vLLM's LLM on the same
+random weights, saved with save_pretrained; one engine per shape, started after the other methods and freed before
+the next shape; in this process, as lib/sampling_vllm.py runs it, unless `--vllm-multiprocess`; no seed, no
+log-probs) and its variants in VLLM_VARIANTS: `vllm_seeded` (as lib/sampling_vllm.py asks it to: a seed per request
+and the sampled token's raw log-prob), `vllm_seeded_nolp` (seeds, no log-probs), `vllm_seeded_lp4` (seeds, the
+log-prob on every 4th request only: 03's --logprob-gap-every), `generate_static`,
 `generate_dynamic` (transformers). A method that fails prints a row with its error and the run goes on.
 
 Bandwidth bound (what a decode step must at least read: every weight once, every sequence's KV cache once):
@@ -58,6 +58,8 @@ VARIANTS = {   # decoder options per method (mode + the switches lib/decode.py d
     "ours_matmul": dict(mode="fast", attn_impl="matmul"), "ours_plaindraw": dict(mode="fast", draw_blocked=False),
     "ours_autotune": dict(mode="fast", compile_step="max-autotune-no-cudagraphs"),
 }
+VLLM_VARIANTS = {   # vLLM method: (a seed per request, log-prob on every k-th request: 0 none, 1 all)
+    "vllm": (False, 0), "vllm_seeded": (True, 1), "vllm_seeded_nolp": (True, 0), "vllm_seeded_lp4": (True, 4)}
 args = None
 
 
@@ -66,7 +68,7 @@ def parse(argv=None):
     p.add_argument("--shapes", default="qwen2.5-1.5b,qwen2.5-7b", help="comma-separated lib/shapes.py shapes, or tiny")
     p.add_argument("--batches", default="64,256", help="comma-separated batch sizes B")
     p.add_argument("--lengths", default="512+1024", help="comma-separated PROMPT+NEW token counts, e.g. 512+1024,256+400")
-    p.add_argument("--methods", default="ours,ours_prev,vllm", help=f"comma-separated, of {sorted(VARIANTS)}, vllm, vllm_seeded, vllm_batch, "
+    p.add_argument("--methods", default="ours,ours_prev,vllm", help=f"comma-separated, of {sorted(VARIANTS)}, {sorted(VLLM_VARIANTS)}, "
                    "generate_static, generate_dynamic")
     p.add_argument("--slots", default=None, type=lambda x: [int(v) for v in x.split(",")],
                    help="comma-separated decoder slot counts for ours* (default B; 03_opd_train's HFEngine has "
@@ -75,7 +77,8 @@ def parse(argv=None):
     p.add_argument("--vllm-mem", type=float, default=0.5, help="vLLM gpu_memory_utilization")
     p.add_argument("--vllm-warmup-tokens", type=int, default=64, help="new tokens of vLLM's untimed call (its "
                    "graphs are captured at start; the other methods' untimed call is the timed one's twin)")
-    p.add_argument("--vllm-inprocess", action="store_true", help="VLLM_ENABLE_V1_MULTIPROCESSING=0 (lib/sampling_vllm)")
+    p.add_argument("--vllm-multiprocess", action="store_true", help="vLLM's engine core in its own process (vLLM's "
+                   "default); without it the engine runs in this process, as lib/sampling_vllm.py runs it")
     p.add_argument("--bandwidth", type=float, default=4.3e12, help="bytes/s for the bound")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="torch device")
     p.add_argument("--check", action="store_true", help="run the on-device correctness checks first")
@@ -233,8 +236,7 @@ def run_local(shape, model, cases, methods):
 def run_vllm(shape, path, cfg, n_params, cases, variants=("vllm",)):
     """vLLM's LLM over the saved random model: one engine for all cases and variants, one untimed call before each
     timed one."""
-    if args.vllm_inprocess:
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if args.vllm_multiprocess else "0"
     llm = None
     try:
         from vllm import LLM, SamplingParams
@@ -247,13 +249,11 @@ def run_vllm(shape, path, cfg, n_params, cases, variants=("vllm",)):
         return
     for (B, P, N, prompts), method in ((c, m) for c in cases for m in variants):
         try:
-            def params(n, seeded=method == "vllm_seeded"):
+            def params(n, seeded=VLLM_VARIANTS[method][0], every=VLLM_VARIANTS[method][1]):
                 one = dict(n=1, temperature=1.0, top_p=1.0, max_tokens=n, min_tokens=n, ignore_eos=True,
                            detokenize=False)
-                if method == "vllm_batch":
-                    torch.manual_seed(B * 1000 + n)
-                return [SamplingParams(**one, seed=i, logprobs=0) for i in range(B)] if seeded else \
-                    SamplingParams(**one, logprobs=0 if method == "vllm_batch" else None)
+                return [SamplingParams(**one, seed=i if seeded else None,
+                                       logprobs=0 if every and i % every == 0 else None) for i in range(B)]
             sp, warm = params(N), params(min(N, args.vllm_warmup_tokens))
             reqs = [TokensPrompt(prompt_token_ids=p) for p in prompts]
             n_tok, dt = timed(lambda r=reqs, s=sp: sum(len(o.outputs[0].token_ids)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Colocated vLLM on one GPU (issue: the loop must survive every step). Run on the GPU machine, from the repo root,
 # with vLLM importable (see bench/RESULTS.md for how it was installed offline):
-#   OUT=/some/dir STEPS=20 [SEEDING=batch|request] bash bench/vllm_colocated.sh
+#   OUT=/some/dir STEPS=20 [GAP_EVERY=4] bash bench/vllm_colocated.sh
 # Trains STEPS steps of delta-topk at random Qwen2.5-1.5B shapes (64 prompts × 4 rollouts × 400 new tokens) with
 # --backend vllm, then checks: exit status 0 (no OOM), every step logged, rollout/logprob_gap steady (a missed weight
 # push would make it jump: the engine would sample from stale weights), and the process gone within 30 s of its
@@ -16,7 +16,7 @@ M="$RUN/train/delta-topk/metrics.jsonl"
 # every output line stamped with its time: the exit is measured from the stage's last line ("[03] done: …")
 timeout "${LIMIT:-540}" python3 03_opd_train.py --pair shape-1.5b --run-dir "$RUN" --reward delta-topk --steps "$STEPS" \
   --batch-prompts 64 --rollouts 4 --max-response-len 400 --micro-batch 16 --compile --backend vllm \
-  --gpu-memory-utilization 0.3 --vllm-seeding "${SEEDING:-batch}" --save-every 1000 --lr 1e-6 --drop-overlong 2>&1 | grep --line-buffered -v Warn \
+  --gpu-memory-utilization 0.3 --logprob-gap-every "${GAP_EVERY:-4}" --save-every 1000 --lr 1e-6 --drop-overlong 2>&1 | grep --line-buffered -v Warn \
   | while IFS= read -r l; do printf '%s %s\n' "$(date +%s.%N)" "$l"; done | tee "$OUT/vllm_train.log"
 rc=${PIPESTATUS[0]}; t_exit=$(date +%s.%N); kill $COPIER 2>/dev/null
 cp "$M" "$OUT/vllm_metrics.jsonl" 2>/dev/null

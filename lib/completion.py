@@ -16,7 +16,8 @@ from pathlib import Path
 class Completion:
     token_ids: list[int]      # generated ids; INCLUDES the stop token when finish_reason == "stop"
     text: str                 # decoded generated text without the stop token (special tokens skipped)
-    logprobs: list[float]     # log p(token) under the RAW distribution (log_softmax of unscaled logits), per token id
+    logprobs: list[float] | None  # log p(token) under the RAW distribution (log_softmax of unscaled logits), per
+    #                               token id; None where the engine was not asked for them (VLLMEngine.logprob_every)
     finish_reason: str        # "stop" | "length"
 
 
@@ -43,12 +44,12 @@ def stop_ids(tokenizer, model_path_or_config) -> list[int]:
     return sorted(set(int(i) for i in ids))
 
 
-def make_completion(ids: list[int], logprobs: list[float], stop: set[int], tokenizer, max_new_tokens: int) -> Completion:
+def make_completion(ids: list[int], logprobs: list[float] | None, stop: set[int], tokenizer, max_new_tokens: int) -> Completion:
     """Cut a generated row after its first stop id (the rest is padding); "length" iff no stop id within the cap."""
     cut = next((i for i, t in enumerate(ids) if t in stop), None)
     if cut is None:
         if len(ids) != max_new_tokens:
             raise RuntimeError(f"a completion ended after {len(ids)} of {max_new_tokens} tokens without a stop id")
         return Completion(ids, tokenizer.decode(ids, skip_special_tokens=True), logprobs, "length")
-    ids, logprobs = ids[:cut + 1], logprobs[:cut + 1]
+    ids, logprobs = ids[:cut + 1], None if logprobs is None else logprobs[:cut + 1]
     return Completion(ids, tokenizer.decode(ids[:-1], skip_special_tokens=True), logprobs, "stop")

@@ -4,16 +4,11 @@ Per request: SamplingParams(temperature, top_p, max_tokens, seed, logprobs=0) â€
 token's log-prob only, and the engine is built with logprobs_mode="raw_logprobs" (log_softmax of the unscaled
 logits, before temperature and top-p), the same quantity the `hf` backend records. Prompts go in as token ids
 (TokensPrompt); vLLM does not detokenize: the text is decoded by our tokenizer, exactly as for `hf`. Samples differ
-from the `hf` backend's (a different RNG); greedy outputs do not. Two ways to seed (`seeding`):
-
-- "request" (default): each request carries its seed and draws from its own torch.Generator, so it does not depend
-  on its batch neighbours (up to logit numerics). vLLM then draws each seeded request's noise in a loop of its own,
-  one kernel per request per token, off its batched sampler (its own code says this is slow).
-- "batch": no request carries a seed; the call runs with torch's global generator set from all of the call's seeds
-  (the caller's generator state is restored after), and vLLM draws the whole batch's noise at once. The call is
-  reproducible as a whole (the same prompts in the same order, the same engine settings: what a resumed training
-  step samples), but a request's tokens depend on its batch-mates. The engine runs in this process (below), so the
-  global generator is the one vLLM's sampler reads.
+from the `hf` backend's (a different RNG); greedy outputs do not. Each request carries its seed and draws from its
+own torch.Generator, so it does not depend on its batch neighbours (up to logit numerics); on one H200 (vLLM 0.26,
+in process) seeded requests ran as fast as unseeded ones (bench/RESULTS.md, fourth run). The log-probs are what
+cost there: a third of the generation time when every request returns them. `logprob_every=k` asks only every
+k-th request for them (the others' Completion.logprobs is None), for a caller that only monitors them.
 
 The engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) so that `update_weights` hands tensors to the
 model without serialisation: it calls the worker's `reload_weights` (vLLM's in-place reload, which also redoes the
@@ -24,32 +19,12 @@ that reload misses (a tied lm_head, see `_repack_vocab_gemms`), then drops the p
 """
 from __future__ import annotations
 
-import hashlib
 import os
 from functools import partial
 
 from tqdm.auto import tqdm
 
 from lib.completion import Completion, make_completion, stop_ids
-from lib.errors import UserError
-
-SEEDINGS = ("request", "batch")
-
-
-def sleep_level() -> int:
-    """OPD_VLLM_SLEEP_LEVEL (default 1), checked when the engine is built; `VLLMEngine.sleep` says what each means."""
-    raw = os.environ.get("OPD_VLLM_SLEEP_LEVEL", "1")
-    if raw not in ("1", "2"):
-        raise UserError(f"OPD_VLLM_SLEEP_LEVEL={raw!r}: use 1 (weights copied to host memory while asleep) or 2 "
-                         "(weights discarded, restored by the next weight push)")
-    return int(raw)
-
-
-def batch_seed(seeds) -> int:
-    """One 63-bit seed from a call's request seeds, in order (seeding="batch")."""
-    digest = hashlib.sha256(",".join(str(int(s)) for s in seeds).encode()).digest()
-    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
-
 
 def _repack_vocab_gemms(worker) -> None:
     """vLLM-CPU packs each vocab matrix's GEMM weight after loading; reload_weights repacks only modules whose
@@ -66,10 +41,10 @@ class VLLMEngine:
 
     def __init__(self, path, *, dtype="auto", max_model_len: int, tokenizer=None, gpu_memory_utilization: float = 0.5,
                  enable_sleep_mode: bool = False, seed: int = 0, cpu_kv_cache_gib: int = 4,
-                 stop_token_ids: list[int] | None = None, seeding: str = "request", **llm_kwargs):
-        if seeding not in SEEDINGS:
-            raise ValueError(f"VLLMEngine: unknown seeding {seeding!r}; choose one of {SEEDINGS}")
-        self.seeding, self.sleep_level = seeding, sleep_level()
+                 stop_token_ids: list[int] | None = None, logprob_every: int = 1, **llm_kwargs):
+        if logprob_every < 1:
+            raise ValueError(f"VLLMEngine: logprob_every={logprob_every}; use 1 (every request) or more")
+        self.logprob_every = logprob_every
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cpu_kv_cache_gib))   # GiB; read by the CPU worker only
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"                         # in-process: see the docstring
         from vllm import LLM
@@ -98,21 +73,17 @@ class VLLMEngine:
             raise RuntimeError("vLLM refused to reset its prefix cache after a weight update (requests in flight?); "
                                "call update_weights only between sample() calls")
 
-    def sleep(self, level: int | None = None) -> None:
+    def sleep(self) -> None:
         """Free the engine's GPU memory while the trainer works; no-op (see sleep_note) where unsupported.
 
-        Level 1 (the default): weights copied to host memory, KV cache dropped; on one H200 the copy and its way
-        back cost ~0.2 s each a step at 1.5B. Level 2 discards the weights, so that the next `update_weights`,
-        which pushes every weight, is the only copy. vLLM's worker backs up the model's named buffers (rotary
-        tables) to the host at level 2 and restores them on waking, since vLLM's pull request 16889. A tensor that
-        is neither a parameter nor a buffer would still be lost, hence level 1 as the default until
-        bench/vllm_smoke.py's push_level2 check has passed on the GPU. `OPD_VLLM_SLEEP_LEVEL` (1 or 2) sets it for a
-        whole run, as verl's VLLM_SLEEP_LEVEL does. How much sleeping frees is measured and kept for `wake_up`."""
+        Level 1: the weights are copied to host memory and back, the KV cache is dropped. Level 2, which discards the
+        weights for the next push to restore, failed bench/vllm_smoke.py on one H200 with vLLM 0.26 (greedy tokens
+        after a push differed from transformers'), so it is not offered (bench/RESULTS.md, fourth run). How much
+        sleeping frees is measured and kept for `wake_up`."""
         if self.sleep_note is None:
             import torch
-            level = level or self.sleep_level
             before = torch.cuda.mem_get_info()[0]
-            self.llm.sleep(level=level)
+            self.llm.sleep(level=1)
             self.footprint = max(getattr(self, "footprint", 0), torch.cuda.mem_get_info()[0] - before)
 
     def wake_up(self, tags: list[str] | None = None) -> None:
@@ -137,24 +108,19 @@ class VLLMEngine:
     def generate(self, prompts, seeds, *, temperature, top_p, max_new_tokens, progress) -> list[Completion]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
-        import torch
-        greedy, per_request = temperature == 0, self.seeding == "request"
+        greedy, k = temperature == 0, self.logprob_every
         params = [SamplingParams(temperature=temperature, top_p=1.0 if greedy else top_p, max_tokens=max_new_tokens,
-                                 seed=int(s) & (2**63 - 1) if per_request and not greedy else None,  # mod 2^63: torch
-                                 logprobs=0, stop_token_ids=self.stop, ignore_eos=False,
+                                 seed=None if greedy else int(s) & (2**63 - 1),     # mod 2^63: torch's seed range
+                                 logprobs=0 if i % k == 0 else None, stop_token_ids=self.stop, ignore_eos=False,
                                  detokenize=False, skip_special_tokens=True)
-                  for s in seeds]
+                  for i, s in enumerate(seeds)]
         bar = partial(tqdm, desc=progress if isinstance(progress, str) else "sampling (vllm)") if progress else False
-        devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
-        with torch.random.fork_rng(devices=devices):
-            if not per_request:
-                torch.manual_seed(batch_seed(seeds))
-            outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=bar)
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=bar)
         stop, done = set(self.stop), []
         for i, o in enumerate(outs):
             c = o.outputs[0]
             ids = list(c.token_ids)
-            logps = [pos[tok].logprob for pos, tok in zip(c.logprobs, ids)]       # the sampled token's entry
+            logps = None if c.logprobs is None else [pos[tok].logprob for pos, tok in zip(c.logprobs, ids)]
             comp = make_completion(ids, logps, stop, self.tokenizer, max_new_tokens)
             if comp.finish_reason != c.finish_reason or len(comp.token_ids) != len(ids):
                 raise RuntimeError(f"vLLM request {i} finished as {c.finish_reason!r} after {len(ids)} tokens; "

@@ -58,18 +58,6 @@ def max_logprob_gap(model, prompts, completions) -> float:
                for x, y in zip(c["logprobs"], forward_logprobs(model, p, c["token_ids"])))
 
 
-def test_sleep_level_comes_from_the_environment_and_a_bad_one_is_refused_in_one_line(monkeypatch):
-    from lib.errors import UserError
-    from lib.sampling_vllm import sleep_level
-    monkeypatch.delenv("OPD_VLLM_SLEEP_LEVEL", raising=False)
-    assert sleep_level() == 1
-    monkeypatch.setenv("OPD_VLLM_SLEEP_LEVEL", "2")
-    assert sleep_level() == 2
-    monkeypatch.setenv("OPD_VLLM_SLEEP_LEVEL", "3")
-    with pytest.raises(UserError, match="OPD_VLLM_SLEEP_LEVEL='3': use 1"):
-        sleep_level()
-
-
 # --- the tiny random Qwen2 ---
 
 @pytest.fixture(scope="module")
@@ -129,16 +117,15 @@ def test_vllm_seeded_sampling_is_deterministic_and_batch_invariant(tiny):
     assert all(len(c["logprobs"]) == len(c["token_ids"]) for c in out["sampled"])
 
 
-def test_vllm_batch_seeding_repeats_and_restores_the_callers_generator(tiny):
-    """seeding="batch": the same call twice gives the same tokens, other seeds other tokens, the log-probs are still
-    the raw ones, and the caller's global torch generator is where it was."""
-    _, model, _, prompts, out = tiny
-    tokens = {k: [c["token_ids"] for c in out[k]] for k in ("batch", "batch_again", "batch_other", "sampled")}
-    assert tokens["batch"] == tokens["batch_again"]
-    assert tokens["batch"] != tokens["batch_other"]
-    assert tokens["batch"] != tokens["sampled"]                # the request seeds were not used one by one
-    assert max_logprob_gap(model, prompts, out["batch"]) < 1e-4
-    assert out["global_rng_after_batch_calls"] == out["global_rng_expected"]
+def test_vllm_logprob_every_k_returns_every_kth_requests_logprobs_and_the_same_tokens(tiny):
+    """logprob_every=3 (03's --logprob-gap-every): requests 0, 3, … carry their raw log-probs, the others None, and
+    not asking changes no token."""
+    out = tiny[4]
+    every3, full = out["sampled_every3"], out["sampled"]
+    assert [c["token_ids"] for c in every3] == [c["token_ids"] for c in full]
+    assert [c["logprobs"] is not None for c in every3] == [i % 3 == 0 for i in range(len(full))]
+    for a, b in zip(every3[::3], full[::3]):
+        assert a["logprobs"] == pytest.approx(b["logprobs"], abs=1e-6)
 
 
 def test_vllm_update_weights_loads_them(tiny):

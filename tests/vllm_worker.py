@@ -4,7 +4,7 @@ transformers), with ONE engine start (≈15–30 s on CPU), and writes every res
     .venv-vllm/bin/python tests/vllm_worker.py job.json out.json
 
 job: {"model", "dtype", "max_model_len", "prompts", "max_new_tokens",
-      "sampled": {"seeds", "temperature", "top_p", "neighbours", "other_seeds"} | absent (sampled with either seeding),
+      "sampled": {"seeds", "temperature", "top_p", "neighbours", "other_seeds"} | absent,
       "perturbed": safetensors file of perturbed weights | absent, "original": safetensors file | absent}
 Exit code 3 (with {"import_error"} written) when vllm itself cannot be imported: the test skips on that.
 """
@@ -50,16 +50,10 @@ def main(job_path: str, out_path: str) -> None:
         out["sampled_mixed"] = out["sampled_mixed"][len(s["neighbours"]):][::-1]
         run("sampled_other", prompts, s["other_seeds"], s["temperature"], s["top_p"])
         assert len(out["sampled"]) == n
-        # seeding="batch": the call seeds torch's global generator from its seeds, and gives the caller's state back
-        import torch
-        engine.seeding = "batch"
-        torch.manual_seed(123)
-        expected = torch.rand(4).tolist()
-        torch.manual_seed(123)
-        for name, seeds in (("batch", s["seeds"]), ("batch_again", s["seeds"]), ("batch_other", s["other_seeds"])):
-            run(name, prompts, seeds, s["temperature"], s["top_p"])
-        out["global_rng_after_batch_calls"], out["global_rng_expected"] = torch.rand(4).tolist(), expected
-        engine.seeding = "request"
+        # logprob_every=3: the same tokens, the log-probs of requests 0, 3, … only
+        engine.logprob_every = 3
+        run("sampled_every3", prompts, s["seeds"], s["temperature"], s["top_p"])
+        engine.logprob_every = 1
     if job.get("perturbed"):
         t = time.time()
         engine.update_weights(load_file(job["perturbed"]).items())
