@@ -435,7 +435,7 @@ def main(argv=None):
              "rollout/logprob_gap": s["logprob_gap"] / max(s["gap_tokens"], 1),   # tokens with a sampler log-prob
              **{f"timing_s/{k}": v for k, v in ts.items()}, "timing_s/step": dt,
              "perf/tokens": all_tokens, "perf/response_tokens": s["resp_tokens"], "perf/sequences": s["seqs"],
-             "perf/tokens_per_s": all_tokens / dt,
+             "perf/tokens_per_s": all_tokens / dt, **{f"perf/gc_s_{k}": v for k, v in clock.gc_seconds.items()},
              "perf/micro_batch_sizes": [len(i) for i in plan],            # rank 0's
              "perf/score_micro_batch_sizes": [len(i) for i in score_plan],
              "perf/padding_frac": 1 - sum(seq_lens) / sum(len(i) * max(seq_lens[j] for j in i) for i in plan),

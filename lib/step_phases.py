@@ -1,8 +1,10 @@
 """How 03_opd_train's step is cut into phases and micro-batches on each device (DESIGN.md §7.4, §7.7).
 
-- `PhaseClock`: the wall time and the peak PyTorch memory of each phase of a step (sync, gen, score, update,
-  optimizer); on CUDA each phase boundary first waits for the device (`torch.cuda.synchronize`), so a phase is
-  charged with its own kernels and not with those still queued from the one before.
+- `PhaseClock`: the wall time, the peak PyTorch memory and the seconds spent in Python's cyclic garbage collector of
+  each phase of a step (sync, gen, score, update, optimizer); on CUDA each phase boundary first waits for the device
+  (`torch.cuda.synchronize`), so a phase is charged with its own kernels and not with those still queued from the
+  one before. (The GC seconds test one explanation of colocated vLLM's generation varying 4–8 s from step to step:
+  vLLM builds Python objects per token, and a full collection walks every object the process holds.)
 - `equal_plan`: micro-batches (lib/scoring.micro_batch_plan) whose count is the same on every rank (FSDP2 gathers
   parameters collectively: every rank must run the same number of forwards).
 - `score_limits`: scoring's own micro-batch limits. Scoring is forward-only with no grad, so on CUDA it packs
@@ -16,6 +18,7 @@
 """
 from __future__ import annotations
 
+import gc
 import time
 
 import torch
@@ -61,14 +64,29 @@ def sampler_slots(args, world: int, cuda: bool) -> int:
     return args.batch_prompts * args.rollouts // world if cuda else args.micro_batch * 8
 
 
+_gc = {"seconds": 0.0, "since": None}      # seconds inside gc collections since import (the collecting thread's)
+
+
+def _time_gc(phase: str, info: dict) -> None:
+    if phase == "start":
+        _gc["since"] = time.perf_counter()
+    elif _gc["since"] is not None:
+        _gc["seconds"] += time.perf_counter() - _gc["since"]
+        _gc["since"] = None
+
+
+gc.callbacks.append(_time_gc)
+
+
 class PhaseClock:
     """`start()` at the top of a step, `mark(name)` at the end of each phase: `seconds[name]`, `peak_gb[name]`
-    (None on CPU) and `total()` since start."""
+    (None on CPU), `gc_seconds[name]` (inside gc collections) and `total()` since start."""
 
     def __init__(self, d: D.Dist, cuda: bool):
         self.d, self.cuda = d, cuda
         self.seconds: dict[str, float] = {}
         self.peak_gb: dict[str, float | None] = {}
+        self.gc_seconds: dict[str, float] = {}
 
     def _now(self) -> float:
         if self.cuda:
@@ -76,15 +94,17 @@ class PhaseClock:
         return time.monotonic()
 
     def start(self) -> None:
-        self.seconds, self.peak_gb = {}, {}
+        self.seconds, self.peak_gb, self.gc_seconds = {}, {}, {}
         if self.cuda:
             torch.cuda.reset_peak_memory_stats(self.d.device)
         self.t0 = self.t = self._now()
+        self.gc0 = _gc["seconds"]
 
     def mark(self, name: str) -> None:
         now = self._now()
         self.seconds[name], self.t = now - self.t, now
         self.peak_gb[name] = D.phase_peak_gb(self.d, self.cuda)
+        self.gc_seconds[name], self.gc0 = _gc["seconds"] - self.gc0, _gc["seconds"]
 
     def total(self) -> float:
         return time.monotonic() - self.t0

@@ -265,3 +265,18 @@ def test_step_phase_defaults_cpu_unchanged_cuda_scaled(world):
         clock.mark(name)
     assert list(clock.seconds) == ["sync", "gen"] and clock.peak_gb == {"sync": None, "gen": None}
     assert 0 <= sum(clock.seconds.values()) <= clock.total()
+    import gc
+    cycles = []
+    gc.disable()
+    try:     # gc_seconds: the time inside collections, charged to the phase they ran in
+        clock.start()
+        cycles += [[[]] for _ in range(200_000)]
+        for c in cycles:
+            c[0].append(c)
+        cycles.clear()
+        gc.collect()
+        clock.mark("sync")
+        clock.mark("gen")
+    finally:
+        gc.enable()
+    assert 0.0 < clock.gc_seconds["sync"] <= clock.seconds["sync"] and clock.gc_seconds["gen"] == 0.0
