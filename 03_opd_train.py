@@ -104,18 +104,18 @@ def parse_args(argv=None):
     a("--gpu-memory-utilization", type=float, default=0.3, help="vLLM's share of GPU memory (colocated with the trainer)")
     a("--logprob-gap-every", type=int, default=4, help="vLLM: the sampler's log-probs (for rollout/logprob_gap only) "
       "from every K-th rollout, as returning them slows vLLM (bench/RESULTS.md); hf returns all for free")
+    a("--vllm-sleep", action=argparse.BooleanOptionalAction, default=True, help="colocated vLLM frees its GPU memory "
+      "outside generation (CUDA); --no-vllm-sleep keeps it resident, no weight copies to host and back, if both fit")
     a("--activation-checkpointing", action="store_true", help="recompute decoder layers in backward")
     a("--compile", nargs="?", const="on", default="auto", choices=["auto", "on", "off"],
       help="torch.compile each decoder layer of the student, teachers and reference (torchtitan-style); auto: on "
            "on CUDA, off on CPU; a bare --compile is on")
-    a("--no-compile", dest="compile", action="store_const", const="off", default=argparse.SUPPRESS,
-      help="--compile off")
+    a("--no-compile", dest="compile", action="store_const", const="off", default=argparse.SUPPRESS, help="--compile off")
     a("--packing", default="auto", choices=["auto", "on", "off"], help="padding-free micro-batches (lib/varlen.py): "
       "sequences end to end, FlashAttention varlen on CUDA; auto: on on CUDA, off on CPU")
     a("--scoring", default="fused-linear", choices=["fused-linear", "logits"],
       help="project hidden states tile by tile (logits never exist) or materialise logits then the kernel")
-    a("--resume", action="store_true", help="kept as an alias: rerunning the same command always continues the run "
-                                         "from its last complete checkpoint (or restarts it cleanly if there is none)")
+    a("--resume", action="store_true", help="an alias: rerunning the same command always continues the run")
     a("--keep-last", type=int, default=None, help="keep only the N newest HF checkpoints (default: keep all)")
     a("--time-limit", type=float, default=None, help="wall-clock budget in seconds: stop after a checkpoint when the "
                                                     "next step and a checkpoint are predicted not to fit")
@@ -171,7 +171,7 @@ def make_engine(args, student_path, tokenizer, d, bf16):
         return sampling.load_engine("vllm", str(student_path), tokenizer, dtype="bfloat16" if bf16 else "float32",
                                     max_model_len=args.max_prompt_len + args.max_response_len,
                                     gpu_memory_utilization=args.gpu_memory_utilization, seed=args.seed,
-                                    logprob_every=args.logprob_gap_every, enable_sleep_mode=d.device.type == "cuda", **multi)
+                                    logprob_every=args.logprob_gap_every, enable_sleep_mode=args.vllm_sleep, **multi)
     from transformers import AutoModelForCausalLM
     sampler_lm = AutoModelForCausalLM.from_pretrained(student_path, dtype=torch.bfloat16 if bf16 else torch.float32)
     # GPU rollouts draw in lib/draw.py's fast mode, all of a rank's rollouts at once; CPU runs keep the exact

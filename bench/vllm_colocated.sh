@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Colocated vLLM on one GPU (issue: the loop must survive every step). Run on the GPU machine, from the repo root,
 # with vLLM importable (see bench/RESULTS.md for how it was installed offline):
-#   OUT=/some/dir STEPS=20 [GAP_EVERY=4] bash bench/vllm_colocated.sh
+#   OUT=/some/dir STEPS=20 [GAP_EVERY=4] [EXTRA="--no-vllm-sleep …"] bash bench/vllm_colocated.sh
 # Trains STEPS steps of delta-topk at random Qwen2.5-1.5B shapes (64 prompts × 4 rollouts × 400 new tokens) with
 # --backend vllm, then checks: exit status 0 (no OOM), every step logged, rollout/logprob_gap steady (a missed weight
 # push would make it jump: the engine would sample from stale weights), and the process gone within 30 s of its
@@ -16,7 +16,7 @@ M="$RUN/train/delta-topk/metrics.jsonl"
 # every output line stamped with its time: the exit is measured from the stage's last line ("[03] done: …")
 timeout "${LIMIT:-540}" python3 03_opd_train.py --pair shape-1.5b --run-dir "$RUN" --reward delta-topk --steps "$STEPS" \
   --batch-prompts 64 --rollouts 4 --max-response-len 400 --micro-batch 16 --compile --backend vllm \
-  --gpu-memory-utilization 0.3 --logprob-gap-every "${GAP_EVERY:-4}" --save-every 1000 --lr 1e-6 --drop-overlong 2>&1 | grep --line-buffered -v Warn \
+  --gpu-memory-utilization 0.3 --logprob-gap-every "${GAP_EVERY:-4}" ${EXTRA:-} --save-every 1000 --lr 1e-6 --drop-overlong 2>&1 | grep --line-buffered -v Warn \
   | while IFS= read -r l; do printf '%s %s\n' "$(date +%s.%N)" "$l"; done | tee "$OUT/vllm_train.log"
 rc=${PIPESTATUS[0]}; t_exit=$(date +%s.%N); kill $COPIER 2>/dev/null
 cp "$M" "$OUT/vllm_metrics.jsonl" 2>/dev/null
@@ -27,7 +27,7 @@ path, steps, rc, t_exit, t_last = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]
 rows = [json.loads(l) for l in open(path)] if os.path.exists(path) else []
 gap = [r["rollout/logprob_gap"] for r in rows]
 keys = ["timing_s/sync", "timing_s/gen", "timing_s/score", "timing_s/update", "timing_s/optimizer", "timing_s/step",
-        "perf/mfu", "memory/peak_gb_gen", "memory/peak_gb_score", "memory/peak_gb_update", "memory/peak_gb_optimizer"]
+        "perf/mfu", "perf/gc_s_sync", "perf/gc_s_gen", "memory/peak_gb_gen", "memory/peak_gb_score", "memory/peak_gb_update", "memory/peak_gb_optimizer"]
 for r in rows:
     print(f"step {r['step']:>3} " + " ".join(f"{k.split('/')[1]} {r[k]:.2f}" for k in keys if r.get(k) is not None)
           + f" gap {r['rollout/logprob_gap']:.4f}")
