@@ -31,7 +31,7 @@ from pathlib import Path
 
 from lib.cpu_repro import pin_if_toy
 pin_if_toy(sys.argv)  # the toy world's CPU math is pinned before torch is imported (lib/cpu_repro.py)
-from lib.cli import HelpFormatter
+from lib.cli import HelpFormatter, positive_int
 from lib import anatomy, benchmarks, chat_template, gates, models, registry
 from lib.artifacts import (ArtifactError, atomic_write_json, atomic_write_text, read_json,
                            read_manifest, verify_dir, wall_clock, write_manifest)
@@ -52,14 +52,14 @@ def parse_args(argv=None):
       help="proceed even if these gates fail (recorded in the manifest); one of " + ", ".join(GATES))
     a("--train-data", default=None, help="training prompts: a registry benchmark or a jsonl/parquet path with id, "
       "problem (default: the pair's)")
-    a("--max-prompt-len", type=int, default=None, help="prompt cap (default: the student's, DESIGN.md §4)")
-    a("--max-response-len", type=int, default=None, help="response cap (default: the student's, DESIGN.md §4)")
-    a("--roundtrip-strings", type=int, default=500, help="strings for the tokenizer round trip")
-    a("--anatomy-prompts", type=int, default=D.prompts, help="evenly spaced training prompts the anatomy samples")
-    a("--anatomy-samples", type=int, default=D.samples, help="samples per anatomy prompt")
+    a("--max-prompt-len", type=positive_int, default=None, help="prompt cap (default: the student's, DESIGN.md §4)")
+    a("--max-response-len", type=positive_int, default=None, help="response cap (default: the student's, DESIGN.md §4)")
+    a("--roundtrip-strings", type=positive_int, default=500, help="strings for the tokenizer round trip")
+    a("--anatomy-prompts", type=positive_int, default=D.prompts, help="evenly spaced training prompts the anatomy samples")
+    a("--anatomy-samples", type=positive_int, default=D.samples, help="samples per anatomy prompt")
     a("--temperature", type=float, default=D.temperature, help="anatomy sampling temperature (the training rollouts')")
     a("--top-p", type=float, default=D.top_p, help="anatomy sampling top-p (the training rollouts')")
-    a("--topk", type=int, default=D.topk, help="K of the student-weighted (delta-topk) mean")
+    a("--topk", type=positive_int, default=D.topk, help="K of the student-weighted (delta-topk) mean")
     a("--min-stop-delta", type=float, default=D.min_stop_delta,
       help="FAIL if mean Δ at the terminal stop token is below this (nats). Source report: OpenThinker3 pair −90 "
            "(collapsed at step 10-13), RL pair −6.3 (stable), RAFT −0.006")
@@ -70,11 +70,11 @@ def parse_args(argv=None):
       help="FAIL if fewer of the student's tokens have Δ > 0, counted where |Δ| ≥ --tie-tol (source: corpus-SFT "
            "pairs 23-34 %% collapsed; RL 58 %%, RAFT 84.7 %% did not)")
     a("--tie-tol", type=float, default=D.tie_tol, help="|Δ| (nats) below which a token is a tie for --min-pos-frac")
-    a("--auroc-bins", type=int, default=D.auroc_bins, help="length-quantile bins of the length-controlled AUROC")
-    a("--bootstrap", type=int, default=D.bootstrap, help="bootstrap resamples of the AUROC CI (rng seed 42)")
+    a("--auroc-bins", type=positive_int, default=D.auroc_bins, help="length-quantile bins of the length-controlled AUROC")
+    a("--bootstrap", type=positive_int, default=D.bootstrap, help="bootstrap resamples of the AUROC CI (rng seed 42)")
     a("--backend", default=D.backend, choices=["hf", "vllm"], help="anatomy sampling engine (lib/sampling.py)")
     a("--scoring", default=D.scoring, choices=["fused-linear", "logits"], help="TokenScorer projection path")
-    a("--micro-batch", type=int, default=D.micro_batch, help="sequences per scoring forward")
+    a("--micro-batch", type=positive_int, default=D.micro_batch, help="sequences per scoring forward")
     a("--seed", type=int, default=D.seed, help="anatomy sampling seeds: stable_seed(seed, 'anatomy', id, j)")
     return p.parse_args(argv)
 

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from lib.cli import HelpFormatter
+from lib.cli import HelpFormatter, positive_int
 from lib import models, registry
 
 EVAL = Path(__file__).resolve().parent / "04_eval.py"      # the one implementation of an eval unit
@@ -30,8 +30,9 @@ def parse_args(argv=None):
     p.add_argument("--models", default="pi_pre,pi_post,student", help="which of pi_pre,pi_post,student to evaluate")
     p.add_argument("--backend", default="hf", choices=["hf", "vllm"], help="sampling backend")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="auto: fp32 on CPU, bf16 on CUDA")
-    p.add_argument("--sample-batch", type=int, default=64, help="sequences per generate() call (hf backend)")
-    p.add_argument("--limit-problems", type=int, default=None, help="probe: N evenly spaced problems per benchmark (a deviation)")
+    p.add_argument("--sample-batch", type=positive_int, default=64, help="sequences per generate() call (hf backend)")
+    p.add_argument("--limit-problems", type=positive_int, default=None,
+                   help="probe: N evenly spaced problems per benchmark (a deviation)")
     p.add_argument("--grade-timeout", type=float, default=5.0, help="wall-clock bound per graded sample, seconds")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.85, help="vLLM's share of GPU memory")
     return p.parse_args(argv)

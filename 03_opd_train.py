@@ -48,7 +48,7 @@ pin_if_toy(sys.argv)  # the toy world's CPU math is pinned before torch is impor
 import numpy as np
 import torch
 
-from lib.cli import HelpFormatter
+from lib.cli import HelpFormatter, positive_int
 from lib import dist as D
 from lib import benchmarks, models, opd, registry, runs, tracking, train_checkpoint
 from lib.artifacts import atomic_write_json, atomic_write_text, read_jsonl, wall_clock, write_manifest
@@ -73,13 +73,13 @@ def parse_args(argv=None):
                                           "(default: the pair's)")
     a("--run-dir", default=None, help="campaign directory (default runs/<pair>)")
     a("--run-name", default=None, help="folder under train/ (default <reward>)")
-    a("--steps", type=int, default=100, help="optimizer steps (capped by one pass over the data)")
-    a("--batch-prompts", type=int, default=64, help="B: prompts per step (global)")
-    a("--rollouts", type=int, default=4, help="n: samples per prompt")
+    a("--steps", type=positive_int, default=100, help="optimizer steps (capped by one pass over the data)")
+    a("--batch-prompts", type=positive_int, default=64, help="B: prompts per step (global)")
+    a("--rollouts", type=positive_int, default=4, help="n: samples per prompt")
     a("--temperature", type=float, default=1.0,
       help="rollout temperature; the student and reference are scored at it too (logits / T, as verl), teachers at 1")
     a("--top-p", type=float, default=1.0, help="rollout top-p")
-    a("--topk", type=int, default=16, help="K of delta-topk")
+    a("--topk", type=positive_int, default=16, help="K of delta-topk")
     a("--lr", type=float, default=1e-6, help="AdamW learning rate, constant")
     a("--weight-decay", type=float, default=0.01, help="AdamW weight decay")
     a("--grad-clip", type=float, default=1.0, help="max global grad norm")
@@ -91,19 +91,19 @@ def parse_args(argv=None):
     a("--eos-policy", default="raw", choices=["raw", "neutral", "clamp"], help="reward at the terminal stop token")
     a("--eos-floor", type=float, default=0.0, help="with --eos-policy clamp: the stop-token reward is ≥ −floor")
     a("--stop-on-collapse", action="store_true", help="stop (after saving) once the collapse watch fires")
-    a("--max-prompt-len", type=int, default=None, help="prompt cap (default: the student's, DESIGN.md §4)")
-    a("--max-response-len", type=int, default=None, help="response cap (default: the student's, DESIGN.md §4)")
+    a("--max-prompt-len", type=positive_int, default=None, help="prompt cap (default: the student's, DESIGN.md §4)")
+    a("--max-response-len", type=positive_int, default=None, help="response cap (default: the student's, DESIGN.md §4)")
     a("--drop-overlong", action="store_true", help="drop prompts over the cap (listed by id) instead of refusing")
-    a("--save-every", type=int, default=20, help="checkpoint every N steps (and at the last step)")
-    a("--micro-batch", type=int, default=8, help="sequences per forward/backward on each rank")
-    a("--max-tokens-per-micro", type=int, default=None,
+    a("--save-every", type=positive_int, default=20, help="checkpoint every N steps (and at the last step)")
+    a("--micro-batch", type=positive_int, default=8, help="sequences per forward/backward on each rank")
+    a("--max-tokens-per-micro", type=positive_int, default=None,
       help="pack micro-batches by padded tokens instead (sequences sorted by length; overrides --micro-batch)")
-    a("--score-tokens-per-micro", type=int, default=None, help="scoring's own token budget per micro-batch (no "
+    a("--score-tokens-per-micro", type=positive_int, default=None, help="scoring's own token budget per micro-batch (no "
       "grad: bigger than the update's; default on CUDA 4× the update's micro-batch, on CPU the update's plan)")
     a("--backend", default="hf", choices=["hf", "vllm"], help="rollout engine: in-process torch/hf, or colocated vLLM")
     a("--gpu-memory-utilization", type=float, default=0.3, help="vLLM's share of GPU memory (colocated with the trainer)")
-    a("--logprob-gap-every", type=int, default=4, help="vLLM: the sampler's log-probs (for rollout/logprob_gap only) "
-      "from every K-th rollout, as returning them slows vLLM (bench/RESULTS.md); hf returns all for free")
+    a("--logprob-gap-every", type=positive_int, default=4, help="vLLM: the sampler's log-probs (for "
+      "rollout/logprob_gap only) from every K-th rollout, as returning them slows vLLM; hf returns all for free")
     a("--vllm-sleep", action=argparse.BooleanOptionalAction, default=True, help="colocated vLLM frees its GPU memory "
       "outside generation (CUDA); --no-vllm-sleep keeps it resident, no weight copies to host and back, if both fit")
     a("--activation-checkpointing", action="store_true", help="recompute decoder layers in backward")
@@ -116,12 +116,12 @@ def parse_args(argv=None):
     a("--scoring", default="fused-linear", choices=["fused-linear", "logits"],
       help="project hidden states tile by tile (logits never exist) or materialise logits then the kernel")
     a("--resume", action="store_true", help="an alias: rerunning the same command always continues the run")
-    a("--keep-last", type=int, default=None, help="keep only the N newest HF checkpoints (default: keep all)")
+    a("--keep-last", type=positive_int, default=None, help="keep only the N newest HF checkpoints (default: keep all)")
     a("--time-limit", type=float, default=None, help="wall-clock budget in seconds: stop after a checkpoint when the "
                                                     "next step and a checkpoint are predicted not to fit")
     a("--logger", default="none", choices=tracking.LOGGERS, help="also log the metrics to TensorBoard or W&B")
     a("--seed", type=int, default=42, help="data order and rollout seeds")
-    a("--nproc", type=int, default=1, help="launch this many local processes through torchrun")
+    a("--nproc", type=positive_int, default=1, help="launch this many local processes through torchrun")
     a("--peak-tflops", type=float, default=None, help="per-device bf16 peak for MFU (default: by device name)")
     args = p.parse_args(argv)
     cuda = torch.cuda.is_available()                     # both recorded as what ran: on or off

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from lib.cpu_repro import pin_if_toy
 pin_if_toy(sys.argv)  # the toy world's CPU math is pinned before torch is imported (lib/cpu_repro.py)
-from lib.cli import HelpFormatter
+from lib.cli import HelpFormatter, positive_int
 from lib import models, registry
 from lib.artifacts import ArtifactError, code_hashes, sha256_bytes, wall_clock
 from lib.data import assistant_header, prompt_ids, render_chat, dapo_prompt, stable_seed
@@ -49,9 +49,9 @@ def parse_args(argv=None):
     p.add_argument("--protocol", required=True, choices=sorted(registry.PROTOCOLS), help="sampling protocol (DESIGN.md §5)")
     p.add_argument("--backend", default="hf", choices=["hf", "vllm"], help="sampling backend")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="auto: fp32 on CPU, bf16 on CUDA")
-    p.add_argument("--sample-batch", type=int, default=64, help="sequences per generate() call (hf backend)")
-    p.add_argument("--max-new-tokens", type=int, default=None, help="override the model's cap (recorded as a deviation)")
-    p.add_argument("--limit-problems", type=int, default=None, help="probe: the N evenly spaced problems (a deviation)")
+    p.add_argument("--sample-batch", type=positive_int, default=64, help="sequences per generate() call (hf backend)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=None, help="override the model's cap (recorded as a deviation)")
+    p.add_argument("--limit-problems", type=positive_int, default=None, help="probe: the N evenly spaced problems (a deviation)")
     p.add_argument("--skip-if-exists", action="store_true", help="leave a finished unit with the same config untouched")
     p.add_argument("--grade-timeout", type=float, default=5.0, help="CPU-seconds bound per graded sample (lib.grading)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.85, help="vLLM's share of GPU memory")

@@ -32,7 +32,7 @@ import math
 import time
 from pathlib import Path
 
-from lib.cli import HelpFormatter
+from lib.cli import HelpFormatter, positive_int
 from lib import stats
 from lib.errors import refuse_in_one_line
 from lib.artifacts import ArtifactError, atomic_write_json, read_json, sha256_file, verify_dir, wall_clock, write_manifest
@@ -48,7 +48,7 @@ ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class
 ap.add_argument("--run-dir", required=True, help="campaign directory, e.g. runs/toy")
 ap.add_argument("--pair", default=None, choices=sorted(PAIRS),
                 help="teacher pair of the campaign; default: the pair recorded in the run summaries / eval manifests")
-ap.add_argument("--n-boot", type=int, default=stats.N_BOOT, help="bootstrap resamples (DESIGN.md §6: 10,000)")
+ap.add_argument("--n-boot", type=positive_int, default=stats.N_BOOT, help="bootstrap resamples (DESIGN.md §6: 10,000)")
 ap.add_argument("--seed", type=int, default=stats.SEED, help="bootstrap RNG seed (DESIGN.md §6: 42)")
 args = ap.parse_args()
 started, t0 = wall_clock()

@@ -49,7 +49,7 @@ from lib.cpu_repro import pin_if_toy
 pin_if_toy(sys.argv)  # the toy world's CPU math is pinned before torch is imported (lib/cpu_repro.py)
 import torch
 
-from lib.cli import HelpFormatter
+from lib.cli import HelpFormatter, positive_int
 from lib import anatomy as lib_anatomy     # the shift anatomy of 01_gates, one driver for both stages
 from lib import benchmarks, models, raft, registry, runs, sft_fsdp
 from lib.artifacts import (atomic_write_json, atomic_write_jsonl, read_json, read_jsonl, read_manifest, sha256_bytes,
@@ -67,15 +67,15 @@ def parse_args(argv=None):
     a("--pair", default="toy", choices=sorted(registry.PAIRS), help="whose π_pre and training prompts (toy, toy-raft, raft, …)")
     a("--stage", default="all", choices=["sample", "sft", "probe", "all"], help="which stage(s) to run")
     # stage 1
-    a("--k", type=int, default=4, help="samples per prompt, seeds 0..k-1 (DESIGN.md §9: 4)")
+    a("--k", type=positive_int, default=4, help="samples per prompt, seeds 0..k-1 (DESIGN.md §9: 4)")
     a("--temperature", type=float, default=EVAL.temperature, help="sampling temperature (the eval protocol's)")
     a("--top-p", type=float, default=EVAL.top_p, help="sampling top-p (the eval protocol's)")
-    a("--max-new-tokens", type=int, default=None, help="token cap (default: π_pre's registry eval cap)")
-    a("--limit-prompts", type=int, default=None, help="only the N evenly spaced training prompts (a smaller run)")
-    a("--chunks", type=int, default=4, help="round-robin chunks: prompt i goes to chunk i %% chunks")
-    a("--batch-prompts", type=int, default=64, help="prompts per sampling batch (each batch is appended + fsynced)")
+    a("--max-new-tokens", type=positive_int, default=None, help="token cap (default: π_pre's registry eval cap)")
+    a("--limit-prompts", type=positive_int, default=None, help="only the N evenly spaced training prompts (a smaller run)")
+    a("--chunks", type=positive_int, default=4, help="round-robin chunks: prompt i goes to chunk i %% chunks")
+    a("--batch-prompts", type=positive_int, default=64, help="prompts per sampling batch (each batch is appended + fsynced)")
     a("--backend", default="hf", choices=["hf", "vllm"], help="sampling backend (lib/sampling.py)")
-    a("--sample-batch", type=int, default=64, help="sequences per generate() call (hf backend)")
+    a("--sample-batch", type=positive_int, default=64, help="sequences per generate() call (hf backend)")
     a("--gpu-memory-utilization", type=float, default=0.85, help="vLLM's share of GPU memory")
     a("--grade-timeout", type=float, default=5.0, help="wall-clock bound per graded sample, seconds")
     a("--time-limit", type=float, default=None, help="wall-clock budget in seconds for stage 1: stop after an appended "
@@ -88,17 +88,17 @@ def parse_args(argv=None):
     a("--lr", type=float, default=1e-5, help="peak AdamW learning rate (DESIGN.md §9: 1e-5)")
     a("--warmup-frac", type=float, default=0.05, help="linear warmup, fraction of the optimizer steps")
     a("--schedule", default="cosine", choices=["cosine", "linear", "constant"], help="lr decay after warmup (to 0)")
-    a("--epochs", type=int, default=2, help="passes over the training split")
-    a("--batch-size", type=int, default=64, help="global batch: examples per optimizer step")
-    a("--micro-batch", type=int, default=2, help="examples per forward/backward on each process")
+    a("--epochs", type=positive_int, default=2, help="passes over the training split")
+    a("--batch-size", type=positive_int, default=64, help="global batch: examples per optimizer step")
+    a("--micro-batch", type=positive_int, default=2, help="examples per forward/backward on each process")
     a("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
     a("--grad-clip", type=float, default=1.0, help="max global grad norm")
     a("--no-bf16", dest="bf16", action="store_false", help="fp32 compute instead of bf16 autocast (fp32 master either way)")
     a("--activation-checkpointing", action="store_true", help="recompute decoder layers in backward")
     a("--seed", type=int, default=42, help="train/val split and batch order")
-    a("--nproc", type=int, default=1, help="run the SFT on this many local processes through torchrun")
+    a("--nproc", type=positive_int, default=1, help="run the SFT on this many local processes through torchrun")
     # stage 3
-    a("--probe-batch", type=int, default=8, help="sequences per scoring forward in the probe")
+    a("--probe-batch", type=positive_int, default=8, help="sequences per scoring forward in the probe")
     a("--anatomy-prompts", type=int, default=64, help="prompts of the RAFT pair's shift anatomy (0: skip it)")
     a("--anatomy-bootstrap", type=int, default=10_000, help="bootstrap resamples of the anatomy's AUROC CI")
     return p.parse_args(argv)

@@ -232,6 +232,17 @@ def leaves(mb):
     return out
 
 
+def test_counts_below_one_are_refused_in_one_line_naming_the_flag(world, capsys):
+    p = world["m03"].parse_args
+    for flag, value, said in (("--micro-batch", "0", "got 0"), ("--steps", "-3", "got -3"),
+                              ("--logprob-gap-every", "x", "got 'x'"), ("--max-tokens-per-micro", "0", "got 0")):
+        with pytest.raises(SystemExit):
+            p(["--pair=toy", f"{flag}={value}"])
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert err.endswith(f" error: argument {flag}: expected a whole number ≥ 1, {said}"), err   # prog: argv[0]
+    assert p(["--pair=toy", "--micro-batch=3"]).micro_batch == 3
+
+
 def test_step_phase_defaults_cpu_unchanged_cuda_scaled(world):
     """--compile auto is off here (CPU) and on on CUDA; scoring uses the update's plan on CPU (None) and 4× the
     update's micro-batch on CUDA; the built-in sampler's slots: --micro-batch × 8 on CPU, B·n/W on CUDA."""
