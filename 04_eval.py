@@ -50,8 +50,10 @@ def parse_args(argv=None):
     p.add_argument("--backend", default="hf", choices=["hf", "vllm"], help="sampling backend")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="auto: fp32 on CPU, bf16 on CUDA")
     p.add_argument("--sample-batch", type=positive_int, default=64, help="sequences per generate() call (hf backend)")
-    p.add_argument("--max-new-tokens", type=positive_int, default=None, help="override the model's cap (recorded as a deviation)")
-    p.add_argument("--limit-problems", type=positive_int, default=None, help="probe: the N evenly spaced problems (a deviation)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=None,
+                   help="override the model's cap (recorded as a deviation)")
+    p.add_argument("--limit-problems", type=positive_int, default=None, help="probe: the N evenly spaced problems "
+                   "(a deviation)")
     p.add_argument("--skip-if-exists", action="store_true", help="leave a finished unit with the same config untouched")
     p.add_argument("--grade-timeout", type=float, default=5.0, help="CPU-seconds bound per graded sample (lib.grading)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.85, help="vLLM's share of GPU memory")
@@ -165,7 +167,8 @@ def open_engine_for(plan: Plan, backend: str, dtype: str, batch_size: int, gpu_m
     if backend == "vllm":
         limit = json.loads((plan.model.path / "config.json").read_text()).get("max_position_embeddings", 32_768)
         engine = load_engine("vllm", str(plan.model.path), tokenizer, dtype=str(dt).removeprefix("torch."),
-                             max_model_len=limit, gpu_memory_utilization=gpu_memory_utilization)
+                             max_model_len=limit, gpu_memory_utilization=gpu_memory_utilization,
+                             logprob_every=0)      # grading never reads them, and they slow vLLM (lib/sampling_vllm.py)
     else:
         engine = load_engine("hf", plan.model.path, tokenizer, batch_size=batch_size, dtype=dt)
     return engine, tokenizer, (1 if cuda else 0)

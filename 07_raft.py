@@ -154,7 +154,7 @@ def stage_sample(args, out, base, pre, tok, rows):
             dt = torch.bfloat16 if cuda else torch.float32
             engine = (load_engine("vllm", str(pre.path), tok, dtype=str(dt).removeprefix("torch."),
                                   max_model_len=max(map(len, prompts)) + cap,
-                                  gpu_memory_utilization=args.gpu_memory_utilization)
+                                  gpu_memory_utilization=args.gpu_memory_utilization, logprob_every=0)
                       if args.backend == "vllm" else load_engine("hf", pre.path, tok, batch_size=args.sample_batch,
                                                                   dtype=dt))
         reqs = [(it["i"], s) for it in batch for s in range(args.k)]

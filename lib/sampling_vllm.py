@@ -8,12 +8,14 @@ from the `hf` backend's (a different RNG); greedy outputs do not. Each request c
 own torch.Generator, so it does not depend on its batch neighbours (up to logit numerics); on one H200 (vLLM 0.26,
 in process) seeded requests ran as fast as unseeded ones (bench/RESULTS.md, fourth run). The log-probs are what
 cost there: a third of the generation time when every request returns them. `logprob_every=k` asks only every
-k-th request for them (the others' Completion.logprobs is None), for a caller that only monitors them.
+k-th request for them (the others' Completion.logprobs is None), for a caller that only monitors them; 0 asks none
+(evaluation, which never reads them).
 
 The engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) so that `update_weights` hands tensors to the
 model without serialisation: it calls the worker's `reload_weights` (vLLM's in-place reload, which also redoes the
 post-load processing — on CPU a plain `model.load_weights` fails on repacked GEMM weights), repacks the vocab GEMMs
-that reload misses (a tied lm_head, see `_repack_vocab_gemms`), then drops the prefix cache, whose KV blocks were computed with the old weights. Push the FULL state dict (HF names, full tensors —
+that reload misses (a tied lm_head, see `_repack_vocab_gemms`), then drops the prefix cache, whose KV blocks were
+computed with the old weights. Push the FULL state dict (HF names, full tensors —
 `DTensor.full_tensor()` under FSDP2). Sleep mode exists on CUDA only; elsewhere sleep()/wake_up() are no-ops and
 `sleep_note` says why. Scripts that build an engine need an `if __name__ == "__main__":` guard.
 """
@@ -42,8 +44,8 @@ class VLLMEngine:
     def __init__(self, path, *, dtype="auto", max_model_len: int, tokenizer=None, gpu_memory_utilization: float = 0.5,
                  enable_sleep_mode: bool = False, seed: int = 0, cpu_kv_cache_gib: int = 4,
                  stop_token_ids: list[int] | None = None, logprob_every: int = 1, **llm_kwargs):
-        if logprob_every < 1:
-            raise ValueError(f"VLLMEngine: logprob_every={logprob_every}; use 1 (every request) or more")
+        if logprob_every < 0:
+            raise ValueError(f"VLLMEngine: logprob_every={logprob_every}; use 1 (every request), k > 1, or 0 (none)")
         self.logprob_every = logprob_every
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cpu_kv_cache_gib))   # GiB; read by the CPU worker only
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"                         # in-process: see the docstring
@@ -111,7 +113,7 @@ class VLLMEngine:
         greedy, k = temperature == 0, self.logprob_every
         params = [SamplingParams(temperature=temperature, top_p=1.0 if greedy else top_p, max_tokens=max_new_tokens,
                                  seed=None if greedy else int(s) & (2**63 - 1),     # mod 2^63: torch's seed range
-                                 logprobs=0 if i % k == 0 else None, stop_token_ids=self.stop, ignore_eos=False,
+                                 logprobs=0 if k and i % k == 0 else None, stop_token_ids=self.stop, ignore_eos=False,
                                  detokenize=False, skip_special_tokens=True)
                   for i, s in enumerate(seeds)]
         bar = partial(tqdm, desc=progress if isinstance(progress, str) else "sampling (vllm)") if progress else False

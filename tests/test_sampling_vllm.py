@@ -118,11 +118,12 @@ def test_vllm_seeded_sampling_is_deterministic_and_batch_invariant(tiny):
 
 
 def test_vllm_logprob_every_k_returns_every_kth_requests_logprobs_and_the_same_tokens(tiny):
-    """logprob_every=3 (03's --logprob-gap-every): requests 0, 3, … carry their raw log-probs, the others None, and
-    not asking changes no token."""
+    """logprob_every=3 (03's --logprob-gap-every): requests 0, 3, … carry their raw log-probs, the others None;
+    logprob_every=0 (04, 07): none do; not asking changes no token."""
     out = tiny[4]
-    every3, full = out["sampled_every3"], out["sampled"]
-    assert [c["token_ids"] for c in every3] == [c["token_ids"] for c in full]
+    every3, full, none = out["sampled_every3"], out["sampled"], out["sampled_none"]
+    assert [c["token_ids"] for c in every3] == [c["token_ids"] for c in full] == [c["token_ids"] for c in none]
+    assert all(c["logprobs"] is None for c in none)
     assert [c["logprobs"] is not None for c in every3] == [i % 3 == 0 for i in range(len(full))]
     for a, b in zip(every3[::3], full[::3]):
         assert a["logprobs"] == pytest.approx(b["logprobs"], abs=1e-6)

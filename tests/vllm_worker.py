@@ -53,6 +53,8 @@ def main(job_path: str, out_path: str) -> None:
         # logprob_every=3: the same tokens, the log-probs of requests 0, 3, … only
         engine.logprob_every = 3
         run("sampled_every3", prompts, s["seeds"], s["temperature"], s["top_p"])
+        engine.logprob_every = 0
+        run("sampled_none", prompts, s["seeds"], s["temperature"], s["top_p"])
         engine.logprob_every = 1
     if job.get("perturbed"):
         t = time.time()
