@@ -54,7 +54,7 @@ from lib import benchmarks, models, opd, registry, runs, tracking, train_checkpo
 from lib.artifacts import atomic_write_json, atomic_write_text, read_jsonl, wall_clock, write_manifest
 from lib.data import prompt_ids, require_rows, stable_seed
 from lib.model_init import build_scorer
-from lib.scoring import pack, regroup, score_ids, to_device
+from lib.scoring import pack, regroup, sampler_gap, score_ids, to_device
 from lib.step_phases import PhaseClock, equal_plan, peak_tflops, resolve_auto, sampler_slots, score_limits
 
 
@@ -392,14 +392,14 @@ def main(argv=None):
         dl = torch.cat([mb["delta_N"] for mb in mbs])                 # the sampled token's log-ratio (ours)
         lens = [len(o.token_ids) for o in outs]
         two_teachers = args.reward != "opd"                           # π_post and π_pre (opd: one teacher)
+        gap_sum, gap_tokens = sampler_gap([mb["sampler_N"] for mb in mbs], [mb["old_N"] for mb in mbs])
         local = {"pairs": pairs.numel(), "pair": pairs.sum(), "pair_sq": (pairs ** 2).sum(),
                  "pair_pos": (pairs > 0).sum(), "pair_abs": pairs.abs().sum(), "dl": dl.sum(), "dl_sq": (dl ** 2).sum(), "dl_pos": (dl > 0).sum(),
                  "dl_abs": dl.abs().sum(), "resp_tokens": sum(lens), "seqs": len(lens),
                  "truncated": sum(o.finish_reason == "length" for o in outs), "entropy": sum(mb["ent_N"].sum() for mb in mbs),
                  "teacher_entropy": sum(mb["ent_t"]["pi_post" if two_teachers else "teacher"].sum() for mb in mbs),
                  "ref_entropy": sum(mb["ent_t"]["pi_pre"].sum() for mb in mbs) if two_teachers else 0.0,
-                 **upd, "logprob_gap": sum((mb["sampler_N"] - mb["old_N"]).abs().nansum() for mb in mbs),
-                 "gap_tokens": sum(mb["sampler_N"].isfinite().sum() for mb in mbs),
+                 **upd, "logprob_gap": gap_sum, "gap_tokens": gap_tokens,
                  "prompt_tokens": sum(len(p) for p in req_prompts)}
         s = dict(zip(local, D.all_sum(*(float(v) for v in local.values()), device=d.device)))
         mx = dict(zip(["len_max", "len_neg_min", "pair_max", "pair_neg_min"],

@@ -79,8 +79,8 @@ class VLLMEngine:
         """Free the engine's GPU memory while the trainer works; no-op (see sleep_note) where unsupported.
 
         Level 1: the weights are copied to host memory and back, the KV cache is dropped. Level 2, which discards the
-        weights for the next push to restore, failed bench/vllm_smoke.py on one H200 with vLLM 0.26 (greedy tokens
-        after a push differed from transformers'), so it is not offered (bench/RESULTS.md, fourth run). How much
+        weights for the next push to restore, failed bench/vllm_smoke.py on one H200 with vLLM 0.26 (one level-2
+        sleep and push passed; after the next, greedy tokens differed from transformers'), so it is not offered (bench/RESULTS.md, fourth run). How much
         sleeping frees is measured and kept for `wake_up`."""
         if self.sleep_note is None:
             import torch

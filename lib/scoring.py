@@ -53,6 +53,14 @@ def to_device(t: torch.Tensor, device) -> torch.Tensor:
     return t.pin_memory().to(device, non_blocking=True)
 
 
+def sampler_gap(sampler_Ns: list[torch.Tensor], scored_Ns: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """rollout/logprob_gap's two sums over micro-batches: Σ |sampler − scored| log-prob, and the number of tokens it
+    is over: those with a sampler log-prob (NaN marks a rollout the engine returned none for, as VLLMEngine does with
+    `logprob_every` > 1). Device tensors, no host sync."""
+    return (sum((s - t).abs().nansum() for s, t in zip(sampler_Ns, scored_Ns, strict=True)),
+            sum(s.isfinite().sum() for s in sampler_Ns))
+
+
 def pack(prompts: list[list[int]], responses: list[list[int]], pad_id: int, packed: bool = False) -> Batch:
     """Prompt+response pairs as one micro-batch, response tokens indexed: right-padded rows, or (`packed`) one row
     with no padding at all (lib/varlen.py). The same N response tokens in the same order either way."""

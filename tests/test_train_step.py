@@ -222,6 +222,19 @@ def test_scoring_in_big_micro_batches_regrouped_equals_scoring_in_the_update_pla
     assert back.keys() == orig.keys() and all(torch.equal(back[k], orig[k]) for k in orig)
 
 
+def test_sampler_gap_sums_over_the_tokens_that_have_a_sampler_logprob():
+    """rollout/logprob_gap's sums (lib/scoring.sampler_gap) against a hand computation: a NaN sampler log-prob (the
+    engine returned none for that rollout) adds neither to the sum nor to the count."""
+    from lib.scoring import sampler_gap
+    nan = float("nan")
+    sampler = [torch.tensor([-1.0, nan, nan, -0.5]), torch.tensor([-2.0, -3.0]), torch.tensor([nan])]
+    scored = [torch.tensor([-1.25, -7.0, -9.0, -0.5]), torch.tensor([-2.5, -2.0]), torch.tensor([-4.0])]
+    total, count = sampler_gap(sampler, scored)
+    assert float(total) == 0.25 + 0.0 + 0.5 + 1.0 and int(count) == 4
+    with pytest.raises(ValueError):
+        sampler_gap(sampler, scored[:2])                           # every micro-batch has both
+
+
 def leaves(mb):
     """{'key' or 'key/teacher': tensor} of a scored micro-batch, without its Batch."""
     out = {}
