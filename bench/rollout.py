@@ -12,16 +12,17 @@ tokens/s = B × N / wall seconds of the whole call (prefill included), measured 
 (vLLM's untimed call: the same requests, `--vllm-warmup-tokens` new tokens each).
 
 Methods: `ours` (the decoder's CUDA defaults: fused q|k|v and gate|up GEMMs, compiled layer blocks, Triton split-K
-attention over the live length, the fast draw's two-level search), `ours_prev` (the configuration before them:
-bench/RESULTS.md's run 2), `ours_exact` (ours with exact Gumbel-max draws), ablations `ours_nofuse`,
-`ours_nocompile`, `ours_matmul`, `ours_plaindraw` (ours with one optimization off), `ours_autotune` (the blocks
-compiled with mode max-autotune-no-cudagraphs: minutes of compile per slot count), `vllm` (vLLM's LLM on the same
-random weights, saved with save_pretrained; one engine per shape, started after the other methods and freed before
-the next shape; in this process, as lib/sampling_vllm.py runs it, unless `--vllm-multiprocess`; no seed, no
-log-probs) and its variants in VLLM_VARIANTS: `vllm_seeded` (as lib/sampling_vllm.py asks it to: a seed per request
-and the sampled token's raw log-prob), `vllm_seeded_nolp` (seeds, no log-probs), `vllm_seeded_lp4` (seeds, the
-log-prob on every 4th request only: 03's --logprob-gap-every), `generate_static`,
-`generate_dynamic` (transformers). A method that fails prints a row with its error and the run goes on.
+attention over the live length, the fast draw's two-level search, the draw compiled whole), `ours_prev` (the
+configuration before them: bench/RESULTS.md's run 2), `ours_exact` (ours with exact Gumbel-max draws), ablations
+`ours_nofuse`, `ours_nocompile`, `ours_matmul`, `ours_plaindraw`, `ours_eagerdraw` (ours with one optimization off),
+`ours_autotune` (the blocks compiled with mode max-autotune-no-cudagraphs: minutes of compile per slot count), `vllm`
+(vLLM's LLM on the same random weights, saved with save_pretrained; one engine per shape, started after the other
+methods and freed before the next shape; in this process, as lib/sampling_vllm.py runs it, unless
+`--vllm-multiprocess`; no seed, no log-probs) and its variants in VLLM_VARIANTS: `vllm_seeded` (as
+lib/sampling_vllm.py asks it to: a seed per request and the sampled token's raw log-prob), `vllm_seeded_nolp` (seeds,
+no log-probs), `vllm_seeded_lp4` (seeds, the log-prob on every 4th request only: 03's --logprob-gap-every),
+`generate_static`, `generate_dynamic` (transformers). A method that fails prints a row with its error and the run goes
+on.
 
 Bandwidth bound (what a decode step must at least read: every weight once, every sequence's KV cache once):
     t_step(t) = (W + B · kv · (P + t)) / BW,   bound = B · N / Σ_{t<N} t_step(t)
@@ -57,6 +58,7 @@ VARIANTS = {   # decoder options per method (mode + the switches lib/decode.py d
     "ours_nofuse": dict(mode="fast", fuse_gemms=False), "ours_nocompile": dict(mode="fast", compile_step=False),
     "ours_matmul": dict(mode="fast", attn_impl="matmul"), "ours_plaindraw": dict(mode="fast", draw_blocked=False),
     "ours_autotune": dict(mode="fast", compile_step="max-autotune-no-cudagraphs"),
+    "ours_eagerdraw": dict(mode="fast", compile_draw=False),
 }
 VLLM_VARIANTS = {   # vLLM method: (a seed per request, log-prob on every k-th request: 0 none, 1 all)
     "vllm": (False, 0), "vllm_seeded": (True, 1), "vllm_seeded_nolp": (True, 0), "vllm_seeded_lp4": (True, 4)}
@@ -136,6 +138,8 @@ def check():
                     dec.mode = mode
                     res[(mode, slots)] = dec.run(prompts, list(range(7)), temperature=0.9, top_p=0.9)
                 res[("graphs", slots)] = len(dec.graphs)
+            dec = decoder(tiny, name, 3, 16, N, mode="fast", compile_draw=False)    # the step's draw eager
+            res["eager_draw"] = dec.run(prompts, list(range(7)), temperature=0.9, top_p=0.9)
             with torch.no_grad():                       # weights changed in place reach the next run (fused copies)
                 saved = [t.clone() for t in tiny.parameters()]
                 for t in tiny.parameters():
@@ -150,7 +154,9 @@ def check():
                   "graphs_captured": res[("graphs", 3)],
                   **{f"{m}_same_tokens_3_vs_7_slots": [a[0] for a in res[(m, 3)]] == [b[0] for b in res[(m, 7)]]
                      for m in ("greedy", "fast", "exact")},
-                  "in_place_update_reaches_next_run": [a[0] for a in after] == [b[0] for b in fresh]})
+                  "in_place_update_reaches_next_run": [a[0] for a in after] == [b[0] for b in fresh],
+                  "compiled_draw_same_tokens_as_eager": [a[0] for a in res["eager_draw"]] == [
+                      b[0] for b in res[("fast", 3)]]})
         except Exception as e:  # noqa: BLE001
             emit({"check": f"tiny fp32, {name}", "error": f"{type(e).__name__}: {e}"[:400]})
 

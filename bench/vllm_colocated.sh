@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Colocated vLLM on one GPU (issue: the loop must survive every step). Run on the GPU machine, from the repo root,
 # with vLLM importable (see bench/RESULTS.md for how it was installed offline):
-#   OUT=/some/dir STEPS=20 [GAP_EVERY=4] [EXTRA="--no-vllm-sleep …"] bash bench/vllm_colocated.sh
+#   OUT=/some/dir STEPS=20 [GAP_EVERY=4] [EXTRA="--no-vllm-sleep …"] [PROBE=calls.jsonl] bash bench/vllm_colocated.sh
+# (PROBE: the engine's wake / push / generate / sleep calls timed by bench/colocated_probe.py, medians printed)
 # Trains STEPS steps of delta-topk at random Qwen2.5-1.5B shapes (64 prompts × 4 rollouts × 400 new tokens) with
 # --backend vllm, then checks: exit status 0 (no OOM), every step logged, rollout/logprob_gap steady (a missed weight
 # push would make it jump: the engine would sample from stale weights), and the process gone within 30 s of its
@@ -14,7 +15,8 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/devic
 M="$RUN/train/delta-topk/metrics.jsonl"
 ( while sleep 5; do cp "$M" "$OUT/vllm_metrics.jsonl" 2>/dev/null; done ) & COPIER=$!
 # every output line stamped with its time: the exit is measured from the stage's last line ("[03] done: …")
-timeout "${LIMIT:-540}" python3 03_opd_train.py --pair shape-1.5b --run-dir "$RUN" --reward delta-topk --steps "$STEPS" \
+LAUNCH=(python3); [ -n "${PROBE:-}" ] && rm -f "$PROBE" && LAUNCH=(python3 bench/colocated_probe.py "$PROBE")
+timeout "${LIMIT:-540}" "${LAUNCH[@]}" 03_opd_train.py --pair shape-1.5b --run-dir "$RUN" --reward delta-topk --steps "$STEPS" \
   --batch-prompts 64 --rollouts 4 --max-response-len 400 --micro-batch 16 --compile --backend vllm \
   --gpu-memory-utilization 0.3 --logprob-gap-every "${GAP_EVERY:-4}" ${EXTRA:-} --save-every 1000 --lr 1e-6 --drop-overlong 2>&1 | grep --line-buffered -v Warn \
   | while IFS= read -r l; do printf '%s %s\n' "$(date +%s.%N)" "$l"; done | tee "$OUT/vllm_train.log"
@@ -40,5 +42,15 @@ checks = {"exit status 0 (no OOM)": rc == 0, f"{steps} steps logged": len(rows) 
 for k, v in checks.items():
     print(("PASS " if v else "FAIL ") + k)
 print(f"exit {t_exit - t_last:.1f} s after the last line")
+probe = os.environ.get("PROBE")
+if probe and os.path.exists(probe):
+    calls = {}
+    for c in map(json.loads, open(probe)):
+        calls.setdefault(c["call"], []).append(c)
+    for name, cs in calls.items():
+        late = cs[2:] or cs
+        print(f"probe {name}: n {len(cs)}, median {statistics.median(c['seconds'] for c in late):.3f} s "
+              f"[{min(c['seconds'] for c in late):.3f}, {max(c['seconds'] for c in late):.3f}], "
+              f"gc median {statistics.median(c['gc_s'] for c in late):.3f} s (calls 3..)")
 sys.exit(0 if all(checks.values()) else 1)
 PY

@@ -17,7 +17,8 @@ its own row. Grouped-query attention without copying K/V: a kv head's G query he
          rebuilt from the model at the start of every `run`), each layer two torch.compile'd blocks
          (`compile_step`, a torch.compile mode if a str), attention by lib/decode_triton.py over each slot's live
          length (`attn_impl="triton"`, tuned by `attn_opts`; no buckets: one graph for every length); the fast
-         draw's cumulative sums in two levels (`draw_blocked`, lib/draw.py)
+         draw's cumulative sums in two levels (`draw_blocked`, lib/draw.py), the step's fast or greedy draw compiled
+         whole (`compile_draw`, a backend if a str: ~110 launch-bound kernels → a few; exact draws stay eager)
 CPU runs v1 eagerly unless asked otherwise; its numerics are those of the toy campaign. Slot invariance: a request's
 tokens do not depend on the slot count or batch-mates up to the numerics of the GEMMs (v2's attention is per slot).
 
@@ -46,7 +47,8 @@ class Decoder:
                  mode: str, cuda_graphs: bool | None = None, sync_every: int | None = None,
                  kv_bucket: int | None = None, prefill_tokens: int = 65_536, attn_impl: str | None = None,
                  fuse: bool | None = None, fuse_gemms: bool | None = None, compile_step: bool | str | None = None,
-                 attn_opts: dict | None = None, draw_blocked: bool | None = None):
+                 attn_opts: dict | None = None, draw_blocked: bool | None = None,
+                 compile_draw: bool | str | None = None):
         cfg = model.config
         if cfg.model_type not in SUPPORTED or getattr(cfg, "use_sliding_window", False):
             raise TypeError(f"lib.decode runs full-attention {SUPPORTED} decoders; {type(model).__name__} "
@@ -58,16 +60,17 @@ class Decoder:
         self.D = self.layers[0].self_attn.head_dim
         cuda = self.device.type == "cuda"
         self.graphs_on = cuda if cuda_graphs is None else cuda_graphs
-        self.sync_every = sync_every or (16 if cuda else 1)
-        self.kv_bucket = kv_bucket or (256 if cuda else 1)
+        self.sync_every, self.kv_bucket = sync_every or (16 if cuda else 1), kv_bucket or (256 if cuda else 1)
         self.refill_min = max(1, slots // 8)
         pow2, self.prefill_tokens = self.D >= 16 and not self.D & (self.D - 1), prefill_tokens
         self.attn_impl = attn_impl or ("sdpa" if not cuda else "triton" if pow2 else "matmul")
-        self.draw_blocked = cuda if draw_blocked is None else draw_blocked     # lib/draw.py's two-level search
         self.eps, self.silu = cfg.rms_norm_eps, getattr(cfg, "hidden_act", None) == "silu"
-        self.fuse_gemms = cuda if fuse_gemms is None else fuse_gemms
-        self.compile_step = cuda if compile_step is None else compile_step
+        self.draw_blocked, self.fuse_gemms, self.compile_step = (    # draw_blocked: lib/draw.py's two-level search
+            cuda if x is None else x for x in (draw_blocked, fuse_gemms, compile_step))
         self.v2 = bool(self.fuse_gemms or self.compile_step or self.attn_impl == "triton")
+        c = bool(self.v2 and self.compile_step) if compile_draw is None else compile_draw   # True or a backend
+        self.draw_c = torch.compile(draw_tokens, dynamic=False, fullgraph=True, **(
+            {"backend": c} if isinstance(c, str) else {})) if c else draw_tokens       # the step's fast / greedy draw
         fns, pieces = V1_PIECES, not self.v2 and (cuda if fuse is None else fuse)
         if pieces or self.v2 and self.compile_step:             # graphs per slot count (v1: and kv bucket)
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
@@ -90,8 +93,7 @@ class Decoder:
                                                              torch.arange(max_len, device=self.device)[None]))
         i64 = dict(device=self.device, dtype=torch.int64)
         self.stop_t = torch.tensor(stop_ids, **i64)
-        self.tok_S, self.pos_S, self.step_S = (torch.zeros(slots, **i64) for _ in range(3))
-        self.lo_S, self.hi_S = torch.zeros(slots, **i64), torch.zeros(slots, **i64)
+        self.tok_S, self.pos_S, self.step_S, self.lo_S, self.hi_S = (torch.zeros(slots, **i64) for _ in range(5))
         self.done_S = torch.ones(slots, device=self.device, dtype=torch.bool)
         self.out_tok_SN = torch.zeros(slots, max_new_tokens, **i64)
         self.out_lp_SN = torch.zeros(slots, max_new_tokens, device=self.device, dtype=torch.float32)
@@ -186,13 +188,14 @@ class Decoder:
 
     # --- one decode step: forward, draw, bookkeeping (graph-safe: no host sync) ---
 
-    def _draw(self, logits, lo, hi, step, trim):
-        return draw_tokens(logits, lo, hi, step, self.temp, self.top_p, greedy=self.greedy,
+    def _draw(self, logits, lo, hi, step, trim, fn=draw_tokens):
+        return fn(logits, lo, hi, step, self.temp, self.top_p, greedy=self.greedy,
                            use_top_p=self.use_top_p, mode=self.mode, trim=trim, blocked=self.draw_blocked)
 
     def _step(self, kv_len: int):
         fwd = self._forward_decode_v2 if self.v2 else self._forward_decode
-        tok_S, lp_S = self._draw(fwd(kv_len), self.lo_S, self.hi_S, self.step_S, trim=False)
+        fn = draw_tokens if self.mode == "exact" else self.draw_c         # exact: eager, the documented ops
+        tok_S, lp_S = self._draw(fwd(kv_len), self.lo_S, self.hi_S, self.step_S, trim=False, fn=fn)
         live_S = ~self.done_S
         col = self.step_S.clamp(max=self.N - 1)[:, None]
         self.out_tok_SN.scatter_(1, col, torch.where(live_S[:, None], tok_S[:, None], self.out_tok_SN.gather(1, col)))

@@ -90,12 +90,13 @@ def _combine_kernel(PO, PM, PL, O, so_s, so_h, n_split, G: tl.constexpr, D: tl.c
 
 class SplitAttention:
     """Preallocated partial buffers for S slots × H_kv kv heads × ⌈T / chunk⌉ chunks; `__call__` runs one layer.
-    Defaults from a sweep on an H200 (1.5B shape, bf16, one graph replay per call, split + combine): chunk 256,
-    tiles of 32, 2 warps took 26 / 85 / 48 µs at S = 64, T = 1,088, p = 1,000 / S = 256, T = 1,536, p = 1,000 /
-    S = 256, T = 768, p = 450, against 33 / 120 / 63 µs for 128, 64, 4 (2.5 / 3.1 / 2.5 TB/s of K and V read)."""
+    Defaults from bench/decode_attn.py's sweep of 20 tilings on one H200 (2026-12-02; 1.5B heads, bf16, split +
+    combine as one graph replay): chunk 64, tiles of 64, 4 warps took 28.7 / 15.3 / 99.6 / 50.2 µs at S:T:p =
+    64:1088:1024 / 64:704:456 / 256:1536:1024 / 256:704:456, against 34.4 / 17.2 / 100.3 / 47.1 µs for the former
+    256, 32, 2. No tiling read K and V faster than 2.7 TB/s (bench/RESULTS.md, fifth run)."""
 
-    def __init__(self, S: int, H: int, Hkv: int, D: int, T: int, dtype, device, chunk: int = 256, block: int = 32,
-                 warps: int = 2, stages: int | None = None):
+    def __init__(self, S: int, H: int, Hkv: int, D: int, T: int, dtype, device, chunk: int = 64, block: int = 64,
+                 warps: int = 4, stages: int | None = None):
         if D < 16 or D & (D - 1) or chunk < 16 or chunk & (chunk - 1):
             raise ValueError(f"attn_impl='triton' needs a power-of-2 head_dim and chunk, each ≥ 16; got "
                              f"{D} and {chunk}: use attn_impl='matmul' or another chunk")

@@ -182,6 +182,23 @@ def test_cuda_configuration_constructs_on_cpu(tiny):
     assert not cpu.v2 and cpu.attn_impl == "sdpa"                        # CPU: v1, the toy campaign's numerics
 
 
+def test_compiled_draw_draws_what_the_eager_one_draws(tiny):
+    """CUDA compiles the step's fast and greedy draws whole (`compile_draw`). Here traced by dynamo whole (fullgraph)
+    and run through AOT autograd's decompositions (Inductor's C++ build takes minutes on CPU; bench/rollout.py --check
+    compares Inductor's draws on the GPU): the same tokens and log-probs, and the compiled function is what ran."""
+    import torch._dynamo.eval_frame as ef
+    prompts, seeds, model = odd_prompts(), list(range(7)), tiny[1]
+    for T, top_p in ((1.0, 0.9),):                                       # top-p: the longest path
+        eager = run(model, prompts, seeds, [0], T=T, top_p=top_p, **V2)
+        torch._dynamo.reset()
+        dec = Decoder(model, slots=3, max_len=max(map(len, prompts)) + MAX_NEW, max_new_tokens=MAX_NEW, stop_ids=[0],
+                      mode="fast", compile_draw="aot_eager", **V2)
+        fused = dec.run(prompts, seeds, temperature=T, top_p=top_p)
+        assert ef._debug_get_cache_entry_list(draw_tokens.__code__)       # compiled, and called by the step
+        assert [ids for ids, _ in fused] == [ids for ids, _ in eager]
+        assert max(abs(a - b) for (_, x), (_, y) in zip(fused, eager) for a, b in zip(x, y)) < 1e-5
+
+
 @pytest.mark.parametrize("V,top_p", [(3001, 1.0), (2048, 1.0), (3001, 0.9)])
 def test_blocked_inverse_cdf_draws_the_same_tokens(V, top_p):
     """CUDA's fast draw (block sums, then one block's scan) against the one-scan search CPU runs: the same tokens on
