@@ -8,7 +8,7 @@
 # push would make it jump: the engine would sample from stale weights), and the process gone within 30 s of its
 # last step. Writes $OUT/vllm_metrics.jsonl and $OUT/vllm_train.log.
 set -uo pipefail
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 VLLM_USE_FLASHINFER_SAMPLER=0
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 VLLM_USE_FLASHINFER_SAMPLER=0 OPD_DATA_DIR=${OPD_DATA_DIR:-.device/data}
 OUT=${OUT:-/tmp/out}; STEPS=${STEPS:-20}; mkdir -p "$OUT"
 RUN=/tmp/vllm-colocated; rm -rf "$RUN"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/device.txt"
