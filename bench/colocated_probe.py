@@ -3,15 +3,22 @@
     python3 bench/colocated_probe.py PROBE.jsonl 03_opd_train.py --backend vllm …     (bench/vllm_colocated.sh: PROBE=…)
 
 Wraps lib.sampling_vllm.VLLMEngine's wake_up, update_weights, generate and sleep, and the engine's own
-LLM.generate inside `generate`: each call appends {"call", "seconds", "gc_s"} to PROBE.jsonl (seconds between
-device syncs; gc_s = time inside Python's garbage collector meanwhile). 03's timing_s/gen is wake (KV cache) +
-generate + sleep; this says which of them, and how much of generate is vLLM's engine rather than our wrapping.
+LLM.generate inside `generate`: each call appends {"call", "seconds", "gc_s", "cpu_s"} to PROBE.jsonl (seconds
+between device syncs; gc_s = time inside Python's garbage collector meanwhile; cpu_s = CPU time of the calling
+thread: close to `seconds` when the engine's host side, not the GPU, sets the pace). 03's timing_s/gen is wake (KV
+cache) + generate + sleep; this says which of them, and how much of generate is vLLM's engine rather than our
+wrapping. PROBE_CPROFILE=n runs the n-th LLM.generate call under cProfile (top 40 by cumulative time, written
+beside PROBE.jsonl as PROBE.cprofile.txt).
 """
 from __future__ import annotations
 
+import cProfile
 import functools
 import gc
+import io
 import json
+import os
+import pstats
 import runpy
 import sys
 import time
@@ -20,6 +27,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 GC = {"s": 0.0, "t": 0.0}
+COUNT: dict[str, int] = {}
+PROFILE_CALL = int(os.environ.get("PROBE_CPROFILE", "0"))    # the n-th LLM.generate call run under cProfile
 
 
 def _gc_hook(phase, info):
@@ -35,15 +44,22 @@ def timed(fn, name, out: Path):
         import torch
         sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
         sync()
-        t, g = time.perf_counter(), GC["s"]
+        COUNT[name] = COUNT.get(name, 0) + 1
+        prof = cProfile.Profile() if name == "llm.generate" and COUNT[name] == PROFILE_CALL else None
+        t, g, c = time.perf_counter(), GC["s"], time.thread_time()
         try:
-            return fn(*a, **k)
+            return prof.runcall(fn, *a, **k) if prof else fn(*a, **k)
         finally:
             sync()
             tags = k.get("tags")
             with out.open("a") as f:
                 f.write(json.dumps({"call": name + (f"[{','.join(tags)}]" if tags else ""),
-                                    "seconds": round(time.perf_counter() - t, 4), "gc_s": round(GC["s"] - g, 4)}) + "\n")
+                                    "seconds": round(time.perf_counter() - t, 4), "gc_s": round(GC["s"] - g, 4),
+                                    "cpu_s": round(time.thread_time() - c, 4)}) + "\n")
+            if prof:
+                text = io.StringIO()
+                pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(40)
+                out.with_suffix(".cprofile.txt").write_text(text.getvalue())
     return run
 
 

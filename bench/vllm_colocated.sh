@@ -2,7 +2,8 @@
 # Colocated vLLM on one GPU (issue: the loop must survive every step). Run on the GPU machine, from the repo root,
 # with vLLM importable (see bench/RESULTS.md for how it was installed offline):
 #   OUT=/some/dir STEPS=20 [GAP_EVERY=4] [EXTRA="--no-vllm-sleep …"] [PROBE=calls.jsonl] bash bench/vllm_colocated.sh
-# (PROBE: the engine's wake / push / generate / sleep calls timed by bench/colocated_probe.py, medians printed)
+# (PROBE: the engine's wake / push / generate / sleep calls timed by bench/colocated_probe.py, medians printed;
+#  PROBE_CPROFILE=n also profiles the n-th LLM.generate call)
 # Trains STEPS steps of delta-topk at random Qwen2.5-1.5B shapes (64 prompts × 4 rollouts × 400 new tokens) with
 # --backend vllm, then checks: exit status 0 (no OOM), every step logged, rollout/logprob_gap steady (a missed weight
 # push would make it jump: the engine would sample from stale weights), and the process gone within 30 s of its
@@ -51,6 +52,7 @@ if probe and os.path.exists(probe):
         late = cs[2:] or cs
         print(f"probe {name}: n {len(cs)}, median {statistics.median(c['seconds'] for c in late):.3f} s "
               f"[{min(c['seconds'] for c in late):.3f}, {max(c['seconds'] for c in late):.3f}], "
-              f"gc median {statistics.median(c['gc_s'] for c in late):.3f} s (calls 3..)")
+              f"gc median {statistics.median(c['gc_s'] for c in late):.3f} s, thread CPU median "
+              f"{statistics.median(c.get('cpu_s', 0) for c in late):.3f} s (calls 3..)")
 sys.exit(0 if all(checks.values()) else 1)
 PY
