@@ -189,8 +189,8 @@ class Decoder:
     # --- one decode step: forward, draw, bookkeeping (graph-safe: no host sync) ---
 
     def _draw(self, logits, lo, hi, step, trim, fn=draw_tokens):
-        return fn(logits, lo, hi, step, self.temp, self.top_p, greedy=self.greedy,
-                           use_top_p=self.use_top_p, mode=self.mode, trim=trim, blocked=self.draw_blocked)
+        return fn(logits, lo, hi, step, self.temp, self.top_p, greedy=self.greedy, use_top_p=self.use_top_p,
+                  mode=self.mode, trim=trim, blocked=self.draw_blocked)
 
     def _step(self, kv_len: int):
         fwd = self._forward_decode_v2 if self.v2 else self._forward_decode
