@@ -126,20 +126,22 @@ def test_refuses_other_architectures_and_overlong_prompts(tiny):
         dec.run([[5] * 9], [0], temperature=0, top_p=1.0)
 
 
+@pytest.mark.parametrize("opts,T,edge", [({"chunk": 16}, 70, 16), ({}, 150, 64)], ids=["chunk16", "defaults"])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-def test_split_attention_kernel_equals_a_float64_reference_and_writes_the_new_row(dtype, tol):
-    """GQA with G = 3 (padded to 16 rows), 5 chunks of 16 (the last ragged), positions 0, 15, 16 (chunk edges)
-    and T − 1; the new k, v come from the arguments, land in the cache at pos, and nothing else is written."""
+def test_split_attention_kernel_equals_a_float64_reference_and_writes_the_new_row(dtype, tol, opts, T, edge):
+    """GQA with G = 3 (padded to 16 rows); chunks of 16 (5, the last ragged) or the CUDA defaults (chunk 64, tiles of
+    64: 3 chunks, the last ragged); positions 0, edge − 1, edge (a chunk boundary) and T − 1; the new k, v come from
+    the arguments, land in the cache at pos, and nothing else is written."""
     from lib.decode_triton import SplitAttention
-    S, H, Hkv, D, T, dev = 4, 6, 2, 32, 70, "cuda" if torch.cuda.is_available() else "cpu"
+    S, H, Hkv, D, dev = 4, 6, 2, 32, "cuda" if torch.cuda.is_available() else "cpu"
     g = torch.Generator().manual_seed(0)
     kc, vc = (torch.randn(S, Hkv, T, D, generator=g).to(dev, dtype) for _ in range(2))
     q, k, v = (torch.randn(S, h, D, generator=g).to(dev, dtype) for h in (H, Hkv, Hkv))
-    pos = torch.tensor([0, 15, 16, T - 1], device=dev)
+    pos = torch.tensor([0, edge - 1, edge, T - 1], device=dev)
     kr, vr = kc.clone(), vc.clone()
     for s in range(S):
         kr[s, :, pos[s]], vr[s, :, pos[s]] = k[s], v[s]
-    o = SplitAttention(S, H, Hkv, D, T, dtype, dev, chunk=16)(q, k, v, kc, vc, pos, 0.3)
+    o = SplitAttention(S, H, Hkv, D, T, dtype, dev, **opts)(q, k, v, kc, vc, pos, 0.3)
     assert torch.equal(kc, kr) and torch.equal(vc, vr)
     for s in range(S):
         L = int(pos[s]) + 1
