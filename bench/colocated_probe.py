@@ -1,6 +1,6 @@
-"""bench/colocated_probe.py — 03_opd_train.py run unchanged in this process, with colocated vLLM's calls timed (issue 14).
+"""bench/colocated_probe.py — 03_opd_train.py run unchanged in this process, colocated vLLM's calls timed (issue 14).
 
-    python3 bench/colocated_probe.py PROBE.jsonl 03_opd_train.py --backend vllm …     (bench/vllm_colocated.sh: PROBE=…)
+    python3 bench/colocated_probe.py PROBE.jsonl 03_opd_train.py --backend vllm …     (or PROBE=… vllm_colocated.sh)
 
 Wraps lib.sampling_vllm.VLLMEngine's wake_up, update_weights, generate and sleep, and the engine's own
 LLM.generate inside `generate`: each call appends {"call", "seconds", "gc_s", "cpu_s"} to PROBE.jsonl (seconds

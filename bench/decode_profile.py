@@ -28,10 +28,7 @@ sys.path.insert(0, str(ROOT))
 from bench.decode_attn import tiling  # noqa: E402
 from bench.profile_step import kernel_class  # noqa: E402
 from lib.decode import Decoder  # noqa: E402
-from lib.shapes import SHAPES  # noqa: E402
-
-TINY = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, vocab_size=512)
+from bench.rollout import SHAPES  # noqa: E402  (lib/shapes.py's real shapes and bench/rollout.py's tiny one)
 
 
 def parse(argv=None):
@@ -43,10 +40,14 @@ def parse(argv=None):
     p.add_argument("--reps", type=int, default=200, help="replays timed with CUDA events")
     p.add_argument("--profile", type=int, default=20, help="replays under torch.profiler")
     p.add_argument("--top", type=int, default=25, help="kernels listed")
-    p.add_argument("--variants", default="ours", help="comma-separated: ours, eagerdraw, c<chunk>b<block>w<warps>[s<stages>]")
+    p.add_argument("--variants", default="ours",
+                   help="comma-separated: ours, eagerdraw, c<chunk>b<block>w<warps>[s<stages>]")
     p.add_argument("--bandwidth", type=float, default=4.3e12, help="bytes/s for the bound")
     p.add_argument("--out", default=None, help="write the results as JSON here")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.at < args.prompt:
+        p.error(f"--at {args.at} is before the end of the {args.prompt}-token prompt: pass --at ≥ --prompt")
+    return args
 
 
 def variant_opts(name: str) -> dict:
@@ -69,8 +70,7 @@ def main(argv=None):
     cuda = torch.cuda.is_available()
     dev = "cuda" if cuda else "cpu"
     from transformers import Qwen2Config, Qwen2ForCausalLM
-    shape = TINY if args.shape == "tiny" else {k: v for k, v in SHAPES[args.shape].items()
-                                                if k not in ("architectures", "dtype")}
+    shape = {k: v for k, v in SHAPES[args.shape].items() if k not in ("architectures", "dtype")}
     torch.manual_seed(0)
     with torch.device(dev):
         model = Qwen2ForCausalLM(Qwen2Config(**shape)).to(torch.bfloat16 if cuda else torch.float32).eval()

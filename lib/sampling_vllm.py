@@ -80,8 +80,8 @@ class VLLMEngine:
 
         Level 1: the weights are copied to host memory and back, the KV cache is dropped. Level 2, which discards the
         weights for the next push to restore, failed bench/vllm_smoke.py on one H200 with vLLM 0.26 (one level-2
-        sleep and push passed; after the next, greedy tokens differed from transformers'), so it is not offered (bench/RESULTS.md, fourth run). How much
-        sleeping frees is measured and kept for `wake_up`."""
+        sleep and push passed; after the next, greedy tokens differed from transformers'), so it is not offered
+        (bench/RESULTS.md, fourth run). How much sleeping frees is measured and kept for `wake_up`."""
         if self.sleep_note is None:
             import torch
             before = torch.cuda.mem_get_info()[0]
