@@ -55,7 +55,7 @@ from lib.artifacts import atomic_write_json, atomic_write_text, read_jsonl, wall
 from lib.data import prompt_ids, require_rows, stable_seed
 from lib.model_init import build_scorer
 from lib.scoring import pack, regroup, sampler_gap, score_ids, to_device
-from lib.step_phases import PhaseClock, equal_plan, peak_tflops, resolve_auto, sampler_slots, score_limits
+from lib.step_phases import PhaseClock, equal_plan, freeze_heap, peak_tflops, resolve_auto, sampler_slots, score_limits
 
 
 # --- config ---
@@ -315,12 +315,10 @@ def main(argv=None):
 
         # 1. rollouts from the current student: weights pushed into the engine, n samples per prompt. Colocated vLLM
         #    wakes its weights first, takes the trainer's, and only then allocates its KV cache
-        if args.backend == "vllm":
-            engine.wake_up(tags=["weights"])
+        engine.wake_up(tags=["weights"])                              # the built-in sampler: no-ops
         engine.update_weights(D.full_params(student))
         clock.mark("sync")
-        if args.backend == "vllm":
-            engine.wake_up(tags=["kv_cache"])
+        engine.wake_up(tags=["kv_cache"])
         from lib.sampling import sample
         req_prompts = [prompts[i] for i in mine for _ in range(n)]
         req_seeds = [stable_seed(args.seed, "rollout", rows[i]["id"], j) for i in mine for j in range(n)]
@@ -467,6 +465,8 @@ def main(argv=None):
             log(d, f"[03] --time-limit {args.time_limit:g}s: step {step + 1} and a checkpoint are predicted to take "
                    f"{budget.predicted():.1f}s, past the budget; stopping after the step {step} checkpoint")
             break
+        if step == start + 1:
+            freeze_heap()     # what survived the first step (models, compiled graphs, engine): not rescanned by gc
         t_mark = time.monotonic()
         if stop_now:
             stopped = "collapse"

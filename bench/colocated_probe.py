@@ -3,11 +3,17 @@
     python3 bench/colocated_probe.py PROBE.jsonl 03_opd_train.py --backend vllm …     (or PROBE=… vllm_colocated.sh)
 
 Wraps lib.sampling_vllm.VLLMEngine's wake_up, update_weights, generate and sleep, and the engine's own
-LLM.generate inside `generate`: each call appends {"call", "seconds", "gc_s", "cpu_s"} to PROBE.jsonl (seconds
-between device syncs; gc_s = time inside Python's garbage collector meanwhile; cpu_s = CPU time of the calling
-thread: close to `seconds` when the engine's host side, not the GPU, sets the pace). 03's timing_s/gen is wake (KV
-cache) + generate + sleep; this says which of them, and how much of generate is vLLM's engine rather than our
-wrapping. PROBE_CPROFILE=n runs the n-th LLM.generate call under cProfile (top 40 by cumulative time, written
+LLM.generate inside `generate`: each call appends {"call", "seconds", "gc_s", "cpu_s", "proc_cpu_s", "host_busy",
+"steal_s", "host_ms"} to PROBE.jsonl:
+- seconds: between device syncs; gc_s: inside Python's garbage collector meanwhile;
+- cpu_s / proc_cpu_s: CPU time of the calling thread / of all this process's threads (a thread that waits on the GPU
+  spins, so cpu_s ≈ seconds does not by itself say the host sets the pace);
+- host_busy / steal_s: from /proc/stat over the call, the share of all the machine's CPUs busy (anyone's work) and
+  the seconds the hypervisor took from them (0 where the kernel does not count it);
+- host_ms: a fixed pure-Python loop timed just before the call, the host's speed at that moment. If LLM.generate's
+  seconds swing with host_ms, the host, not the GPU or our code, sets vLLM's pace.
+03's timing_s/gen is wake (KV cache) + generate + sleep; this says which of them, and how much of generate is vLLM's
+engine rather than our wrapping. PROBE_CPROFILE=n runs the n-th LLM.generate call under cProfile (top 40 by cumulative time, written
 beside PROBE.jsonl as PROBE.cprofile.txt).
 """
 from __future__ import annotations
@@ -38,6 +44,28 @@ def _gc_hook(phase, info):
         GC["s"] += time.perf_counter() - GC["t"]
 
 
+def _cpu_jiffies() -> tuple[int, int, int]:
+    """(busy, total, steal) jiffies of all CPUs so far, from /proc/stat's first line; zeros where it is absent."""
+    try:
+        user, nice, system, idle, iowait, irq, softirq, steal = map(int, open("/proc/stat").readline().split()[1:9])
+    except (OSError, ValueError):
+        return 0, 0, 0
+    busy = user + nice + system + irq + softirq + steal
+    return busy, busy + idle + iowait, steal
+
+
+def _host_ms(n: int = 200_000) -> float:
+    """Milliseconds for a fixed pure-Python loop: the host's single-thread speed now (median of 3)."""
+    times = []
+    for _ in range(3):
+        t = time.perf_counter()
+        acc = 0
+        for i in range(n):
+            acc += i & 7
+        times.append(time.perf_counter() - t)
+    return 1000 * sorted(times)[1]
+
+
 def timed(fn, name, out: Path):
     @functools.wraps(fn)
     def run(*a, **k):
@@ -46,16 +74,22 @@ def timed(fn, name, out: Path):
         sync()
         COUNT[name] = COUNT.get(name, 0) + 1
         prof = cProfile.Profile() if name == "llm.generate" and COUNT[name] == PROFILE_CALL else None
-        t, g, c = time.perf_counter(), GC["s"], time.thread_time()
+        host = _host_ms() if name == "llm.generate" else None
+        j0 = _cpu_jiffies()
+        t, g, c, pc = time.perf_counter(), GC["s"], time.thread_time(), time.process_time()
         try:
             return prof.runcall(fn, *a, **k) if prof else fn(*a, **k)
         finally:
             sync()
-            tags = k.get("tags")
+            j1, tags = _cpu_jiffies(), k.get("tags")
             with out.open("a") as f:
                 f.write(json.dumps({"call": name + (f"[{','.join(tags)}]" if tags else ""),
                                     "seconds": round(time.perf_counter() - t, 4), "gc_s": round(GC["s"] - g, 4),
-                                    "cpu_s": round(time.thread_time() - c, 4)}) + "\n")
+                                    "cpu_s": round(time.thread_time() - c, 4),
+                                    "proc_cpu_s": round(time.process_time() - pc, 4),
+                                    "host_busy": round((j1[0] - j0[0]) / max(j1[1] - j0[1], 1), 4),
+                                    "steal_s": round((j1[2] - j0[2]) / os.sysconf("SC_CLK_TCK"), 3),
+                                    **({"host_ms": round(host, 2)} if host is not None else {})}) + "\n")
             if prof:
                 text = io.StringIO()
                 pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(40)

@@ -54,5 +54,12 @@ if probe and os.path.exists(probe):
               f"[{min(c['seconds'] for c in late):.3f}, {max(c['seconds'] for c in late):.3f}], "
               f"gc median {statistics.median(c['gc_s'] for c in late):.3f} s, thread CPU median "
               f"{statistics.median(c.get('cpu_s', 0) for c in late):.3f} s (calls 3..)")
+    for i, c in enumerate(calls.get("llm.generate", []), 1):   # does vLLM's pace follow the host's speed?
+        print(f"llm.generate {i}: {c['seconds']:.3f} s, host_ms {c.get('host_ms', 0):.1f}, thread CPU {c.get('cpu_s', 0):.2f}"
+              f" s, process CPU {c.get('proc_cpu_s', 0):.2f} s, host busy {c.get('host_busy', 0):.3f}, steal {c.get('steal_s', 0):.2f} s")
+    late = calls.get("llm.generate", [])[2:]
+    if len(late) > 2 and len({c.get("host_ms") for c in late}) > 1:
+        print(f"corr(seconds, host_ms) over calls 3..: "
+              f"{statistics.correlation([c['seconds'] for c in late], [c['host_ms'] for c in late]):.2f}")
 sys.exit(0 if all(checks.values()) else 1)
 PY

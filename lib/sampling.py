@@ -87,7 +87,7 @@ class HFEngine:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
-    def wake_up(self) -> None: ...
+    def wake_up(self, tags: list[str] | None = None) -> None: ...      # the next call rebuilds what sleep freed
 
     def _decoder(self, n: int, longest_prompt: int, max_new_tokens: int) -> Decoder:
         round_to = 256 if next(self.model.parameters()).is_cuda else 64      # cache lengths shared across calls

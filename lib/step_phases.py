@@ -78,6 +78,14 @@ def _time_gc(phase: str, info: dict) -> None:
 gc.callbacks.append(_time_gc)
 
 
+def freeze_heap() -> None:
+    """Collect, then gc.freeze() what survived: after a loop's first step that is the models, their compiled graphs
+    and the engine, which live to the end. Later collections (the oldest generation's included) stop rescanning
+    them. An in-process vLLM engine freezes the heap at its own start, but that is before the first step compiles."""
+    gc.collect()
+    gc.freeze()
+
+
 class PhaseClock:
     """`start()` at the top of a step, `mark(name)` at the end of each phase: `seconds[name]`, `peak_gb[name]`
     (None on CPU), `gc_seconds[name]` (inside gc collections) and `total()` since start."""

@@ -304,3 +304,17 @@ def test_step_phase_defaults_cpu_unchanged_cuda_scaled(world):
     finally:
         gc.enable()
     assert 0.0 < clock.gc_seconds["sync"] <= clock.seconds["sync"] and clock.gc_seconds["gen"] == 0.0
+    from lib.step_phases import freeze_heap
+    import weakref
+
+    class Node:
+        pass
+    kept, dead = [Node() for _ in range(1000)], Node()
+    dead.self, gone = dead, weakref.ref(dead)     # a cycle: only a collection frees it
+    del dead
+    frozen = gc.get_freeze_count()
+    try:     # freeze_heap: garbage collected first, the survivors frozen (no later collection rescans them)
+        freeze_heap()
+        assert gone() is None and gc.get_freeze_count() >= frozen + len(kept)
+    finally:
+        gc.unfreeze()
