@@ -37,7 +37,8 @@ for r in rows:
 steady = rows[2:] or rows
 med = {k: statistics.median(r[k] for r in steady) for k in keys if steady and steady[0].get(k) is not None}
 print("median over steps 3..:", json.dumps({k: round(v, 3) for k, v in med.items()}))
-checks = {"exit status 0 (no OOM)": rc == 0, f"{steps} steps logged": len(rows) == steps,
+killed = f", killed by LIMIT={os.environ.get('LIMIT', 540)} s: raise it" if rc in (124, 137) else ""
+checks = {f"exit status 0 (no OOM; rc {rc}{killed})": rc == 0, f"{steps} steps logged": len(rows) == steps,
           "logprob gap steady (max <= 3 x median)": bool(gap) and max(gap) <= 3 * statistics.median(gap),
           "exited within 30 s of its last line": t_last > 0 and t_exit - t_last <= 30}
 for k, v in checks.items():
