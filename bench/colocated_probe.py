@@ -14,7 +14,8 @@ LLM.generate inside `generate`: each call appends {"call", "seconds", "gc_s", "c
   seconds swing with host_ms, the host, not the GPU or our code, sets vLLM's pace.
 03's timing_s/gen is wake (KV cache) + generate + sleep; this says which of them, and how much of generate is vLLM's
 engine rather than our wrapping. PROBE_CPROFILE=n runs the n-th LLM.generate call under cProfile (top 40 by cumulative time, written
-beside PROBE.jsonl as PROBE.cprofile.txt).
+beside PROBE.jsonl as PROBE.cprofile.txt). PROBE_LLM_KWARGS='{"enable_prefix_caching": false}' (JSON) adds keywords
+to the engine's vLLM LLM(...), for measuring an engine setting inside 03 without a flag for it.
 """
 from __future__ import annotations
 
@@ -104,6 +105,14 @@ def main():
     E = sampling_vllm.VLLMEngine
     for name in ("wake_up", "update_weights", "sleep"):
         setattr(E, name, timed(getattr(E, name), name, out))
+    extra = json.loads(os.environ.get("PROBE_LLM_KWARGS", "{}"))
+    if extra:
+        init = E.__init__
+
+        def __init__(self, *a, **k):
+            init(self, *a, **k, **extra)
+            print(f"[probe] vLLM LLM(...) given {extra}", flush=True)
+        E.__init__ = __init__
     gen = E.generate
 
     def generate(self, *a, **k):                       # the engine's own LLM.generate, timed inside ours

@@ -3,7 +3,8 @@
 # with vLLM importable (see bench/RESULTS.md for how it was installed offline):
 #   OUT=/some/dir STEPS=20 [GAP_EVERY=4] [EXTRA="--no-vllm-sleep …"] [PROBE=calls.jsonl] bash bench/vllm_colocated.sh
 # (PROBE: the engine's wake / push / generate / sleep calls timed by bench/colocated_probe.py, medians printed;
-#  PROBE_CPROFILE=n also profiles the n-th LLM.generate call)
+#  PROBE_CPROFILE=n also profiles the n-th LLM.generate call; PROBE_LLM_KWARGS='{"enable_prefix_caching": false}'
+#  hands the engine's LLM(...) more keywords)
 # Trains STEPS steps of delta-topk at random Qwen2.5-1.5B shapes (64 prompts × 4 rollouts × 400 new tokens) with
 # --backend vllm, then checks: exit status 0 (no OOM), every step logged, rollout/logprob_gap steady (a missed weight
 # push would make it jump: the engine would sample from stale weights), and the process gone within 30 s of its
