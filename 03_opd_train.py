@@ -54,6 +54,7 @@ from lib import benchmarks, models, opd, registry, runs, tracking, train_checkpo
 from lib.artifacts import atomic_write_json, atomic_write_text, read_jsonl, wall_clock, write_manifest
 from lib.data import prompt_ids, require_rows, stable_seed
 from lib.model_init import build_scorer
+from lib.sampling_vllm import explain_oom
 from lib.scoring import pack, regroup, sampler_gap, score_ids, to_device
 from lib.step_phases import PhaseClock, equal_plan, freeze_heap, peak_tflops, resolve_auto, sampler_slots, score_limits
 
@@ -218,8 +219,7 @@ def main(argv=None):
     args = parse_args(argv)
     started, t_start = wall_clock()
     pair = registry.PAIRS[args.pair]
-    student_name = args.student or pair.student
-    sspec = models.student_spec(student_name)
+    sspec = models.student_spec(args.student or pair.student)
     args.max_prompt_len = args.max_prompt_len or sspec.max_prompt_len
     args.max_response_len = args.max_response_len or sspec.max_response_len
     run_dir = Path(args.run_dir or f"runs/{args.pair}")
@@ -279,8 +279,7 @@ def main(argv=None):
     start = 0
     if mode == "resume":
         state = D.load_resume(student, optim, src)
-        start, kl.coef = state["step"], state["kl_coef"]
-        watch = opd.CollapseWatch(**state["watch"])
+        start, kl.coef, watch = state["step"], state["kl_coef"], opd.CollapseWatch(**state["watch"])
         torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
         if d.main:   # metrics and checkpoints past the checkpoint belong to the killed run: dropped, recomputed
             kept = [r for r in read_jsonl(out / "metrics.jsonl") if r["step"] <= start]
@@ -497,4 +496,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    with explain_oom():          # an OOM beside a resident vLLM engine: one line naming its share and the fixes
+        main()

@@ -17,11 +17,14 @@ post-load processing — on CPU a plain `model.load_weights` fails on repacked G
 that reload misses (a tied lm_head, see `_repack_vocab_gemms`), then drops the prefix cache, whose KV blocks were
 computed with the old weights. Push the FULL state dict (HF names, full tensors —
 `DTensor.full_tensor()` under FSDP2). Sleep mode exists on CUDA only; elsewhere sleep()/wake_up() are no-ops and
-`sleep_note` says why. Scripts that build an engine need an `if __name__ == "__main__":` guard.
+`sleep_note` says why. A resident CUDA engine (sleep mode off) records its footprint, and `explain_oom` around the
+trainer turns an out-of-memory error beside it into one line naming that footprint and the fixes. Scripts that build
+an engine need an `if __name__ == "__main__":` guard.
 """
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from functools import partial
 
 from tqdm.auto import tqdm
@@ -36,6 +39,25 @@ def _repack_vocab_gemms(worker) -> None:
     for m in worker.model_runner.model.modules():
         if isinstance(m, VocabParallelEmbedding) and isinstance(m.quant_method, UnquantizedEmbeddingMethod):
             m.quant_method.process_weights_after_loading(m)
+
+
+RESIDENT: dict[str, float] = {}    # a resident CUDA engine's footprint (GiB) and share, read by explain_oom
+
+
+@contextmanager
+def explain_oom():
+    """Around a trainer colocated with a resident engine (sleep mode off): a CUDA out-of-memory error becomes one line
+    naming the engine's footprint and the two fixes. Without a resident engine, an OOM passes through unchanged, as
+    does any other error."""
+    import torch
+    try:
+        yield
+    except torch.OutOfMemoryError as e:
+        if not RESIDENT:
+            raise
+        raise SystemExit(f"CUDA out of memory beside the resident vLLM engine ({RESIDENT['gib']:.1f} GiB at "
+                         f"--gpu-memory-utilization {RESIDENT['share']:g}, --no-vllm-sleep): let it sleep (drop "
+                         f"--no-vllm-sleep) or lower --gpu-memory-utilization. {str(e).splitlines()[0][:200]}") from e
 
 
 class VLLMEngine:
@@ -56,9 +78,15 @@ class VLLMEngine:
                            "enable_sleep_mode=False" if not enable_sleep_mode else
                            f"vLLM sleep mode needs CUDA; platform is {current_platform.device_type}")
         llm_kwargs.setdefault("enforce_eager", on_cpu)                            # no graph capture on CPU
+        resident = not enable_sleep_mode and current_platform.is_cuda()
+        if resident:
+            import torch
+            free_before = torch.cuda.mem_get_info()[0]
         self.llm = LLM(model=str(path), dtype=dtype, max_model_len=max_model_len, seed=seed,
                        gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=self.sleep_note is None,
                        logprobs_mode="raw_logprobs", **llm_kwargs)
+        if resident:
+            RESIDENT.update(gib=(free_before - torch.cuda.mem_get_info()[0]) / 2**30, share=gpu_memory_utilization)
         if tokenizer is None:
             from transformers import AutoTokenizer
             tokenizer = AutoTokenizer.from_pretrained(path)

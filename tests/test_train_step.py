@@ -318,3 +318,23 @@ def test_step_phase_defaults_cpu_unchanged_cuda_scaled(world):
         assert gone() is None and gc.get_freeze_count() >= frozen + len(kept)
     finally:
         gc.unfreeze()
+
+
+def test_an_oom_beside_a_resident_vllm_engine_names_its_share_and_the_fixes(monkeypatch):
+    """lib.sampling_vllm.explain_oom, around 03's main: with a resident engine recorded, a CUDA OOM becomes one line
+    with the engine's GiB, its share and both fixes; without one, the OOM passes unchanged, as any other error does."""
+    from lib import sampling_vllm
+    oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.\nmore text")
+    for err in (oom, ValueError("not memory")):             # no resident engine: unchanged
+        with pytest.raises(type(err)) as caught, sampling_vllm.explain_oom():
+            raise err
+        assert caught.value is err
+    monkeypatch.setattr(sampling_vllm, "RESIDENT", {"gib": 21.6, "share": 0.15})
+    with pytest.raises(ValueError), sampling_vllm.explain_oom():
+        raise ValueError("not memory")
+    with pytest.raises(SystemExit) as caught, sampling_vllm.explain_oom():
+        raise oom
+    msg = str(caught.value)
+    assert "\n" not in msg and "21.6 GiB" in msg and "--gpu-memory-utilization 0.15" in msg
+    assert "drop --no-vllm-sleep" in msg and "lower --gpu-memory-utilization" in msg and "Tried to allocate 2.00 GiB" in msg
+    assert caught.value.__cause__ is oom
