@@ -13,9 +13,10 @@ LLM.generate inside `generate`: each call appends {"call", "seconds", "gc_s", "c
 - host_ms: a fixed pure-Python loop timed just before the call, the host's speed at that moment. If LLM.generate's
   seconds swing with host_ms, the host, not the GPU or our code, sets vLLM's pace.
 03's timing_s/gen is wake (KV cache) + generate + sleep; this says which of them, and how much of generate is vLLM's
-engine rather than our wrapping. PROBE_CPROFILE=n runs the n-th LLM.generate call under cProfile (top 40 by cumulative time, written
-beside PROBE.jsonl as PROBE.cprofile.txt). PROBE_LLM_KWARGS='{"enable_prefix_caching": false}' (JSON) adds keywords
-to the engine's vLLM LLM(...), for measuring an engine setting inside 03 without a flag for it.
+engine rather than our wrapping. PROBE_CPROFILE=n runs the n-th LLM.generate call under cProfile (top 40 by
+cumulative time, written beside PROBE.jsonl as PROBE.cprofile.txt; that call's seconds are the profiler's, leave it
+out of statistics). PROBE_LLM_KWARGS='{"enable_prefix_caching": false}' (JSON) adds keywords to the engine's vLLM
+LLM(...), for measuring an engine setting inside 03 without a flag for it.
 """
 from __future__ import annotations
 
