@@ -1,10 +1,13 @@
 """bench/decode_attn.py — lib/decode_triton.py's split-K decode attention alone, over tilings (issue 15).
 
 For each case S:T:p (S slots, a cache of T positions, every slot decoding at position p; the 1.5B shape's 12 query
-and 2 kv heads of 128 unless --heads says otherwise) and each tiling c<chunk>b<block>w<warps>[s<stages>]: one layer's
-split + combine captured in a CUDA graph and replayed --reps times. Reported: µs per call, the K and V bytes it must
-read (S · H_kv · (p + 1) · D · 2 · itemsize) over that time in TB/s, and the max |error| against a float32 torch
-reference (masked softmax attention over the same cache, the new K/V row included), which every tiling must pass.
+and 2 kv heads of 128 unless --heads says otherwise) and each tiling c<chunk>b<block>w<warps>[s<stages>][p<per_sm>]
+(p: the persistent grid, per_sm programs per SM looping over the work items): --layers calls of split + combine,
+each over its own cache (as a model's layers are: a cache smaller than L2 is not re-read from L2), captured in one
+CUDA graph and replayed --reps times. Reported: µs per call, the K and V bytes it must read
+(S · H_kv · (p + 1) · D · 2 · itemsize) over that time in TB/s, the split kernel's registers, spills and shared
+memory, and the max |error| against a float32 torch reference (masked softmax attention over the same cache, the
+new K/V row included), which every tiling must pass.
 
     python3 bench/decode_attn.py --out /tmp/attn.json                                  # GPU: the default sweep
     TRITON_INTERPRET=1 python bench/decode_attn.py --cases 2:64:40 --tilings c16b16w1 --reps 1 --dtype float32
@@ -23,8 +26,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from lib.decode_triton import SplitAttention  # noqa: E402
 
-TILINGS = ("c256b32w2,c256b32w2s1,c256b32w2s2,c256b32w2s4,c256b64w4,c256b64w4s2,c128b32w2,c128b64w4,c128b64w4s2,"
-           "c128b128w4,c128b128w8,c64b64w4,c64b64w2,c64b64w8,c64b32w2,c64b32w4,c32b32w1,c32b32w2,c32b32w4,c512b64w4")
+TILINGS = ("c64b64w4,c64b64w4s1,c64b64w2s1,c64b64w8s1,c32b32w2s1,c128b32w2,c256b32w2,"      # one program per item
+           "c64b64w4p2,c64b64w4p4,c64b64w4p8,c64b64w4s1p4,c64b64w4s1p8,c64b64w8p2,c64b64w8p4,c128b64w4p2,"
+           "c128b64w4p4,c128b128w8p1,c128b128w8p2,c256b64w4s3p1,c256b64w4s3p2,c32b32w2p8")     # persistent
 
 
 def parse(argv=None):
@@ -34,16 +38,18 @@ def parse(argv=None):
     p.add_argument("--heads", default="12:2:128", help="H:H_kv:D")
     p.add_argument("--tilings", default=TILINGS, help="comma-separated c<chunk>b<block>w<warps>[s<stages>]")
     p.add_argument("--reps", type=int, default=200, help="graph replays timed per case and tiling")
+    p.add_argument("--layers", type=int, default=4, help="calls per replay, each over its own cache")
     p.add_argument("--dtype", default="bfloat16", help="cache and query dtype")
     p.add_argument("--out", default=None, help="write the rows as JSON here")
     return p.parse_args(argv)
 
 
 def tiling(name: str) -> dict:
-    m = re.fullmatch(r"c(\d+)b(\d+)w(\d+)(?:s(\d+))?", name)
+    m = re.fullmatch(r"c(\d+)b(\d+)w(\d+)(?:s(\d+))?(?:p(\d+))?", name)
     if not m:
-        raise SystemExit(f"decode_attn: tiling {name!r} is not c<chunk>b<block>w<warps>[s<stages>]")
-    return dict(chunk=int(m[1]), block=int(m[2]), warps=int(m[3]), stages=int(m[4]) if m[4] else None)
+        raise SystemExit(f"decode_attn: tiling {name!r} is not c<chunk>b<block>w<warps>[s<stages>][p<per_sm>]")
+    return dict(chunk=int(m[1]), block=int(m[2]), warps=int(m[3]), stages=int(m[4]) if m[4] else None,
+                per_sm=int(m[5]) if m[5] else None)
 
 
 def reference(q, k, v, kc, vc, pos, scale):
@@ -71,6 +77,7 @@ def main(argv=None):
         rnd = lambda *shape: torch.randn(*shape, generator=g, device=dev).to(dtype)  # noqa: E731
         q, k, v = rnd(S, H, D), rnd(S, Hkv, D), rnd(S, Hkv, D)
         kc, vc = rnd(S, Hkv, T, D), rnd(S, Hkv, T, D)
+        caches = [(rnd(S, Hkv, T, D), rnd(S, Hkv, T, D)) for _ in range(args.layers - 1)] if cuda else []
         pos = torch.full((S,), p, device=dev, dtype=torch.int64)
         scale = D ** -0.5
         ref = reference(q, k, v, kc, vc, pos, scale)
@@ -82,7 +89,8 @@ def main(argv=None):
                 if cuda:
                     graph = torch.cuda.CUDAGraph()
                     with torch.cuda.graph(graph):
-                        att(q, k, v, kc, vc, pos, scale)
+                        for a, b in [(kc, vc)] + caches:
+                            att(q, k, v, a, b, pos, scale)
                     graph.replay()
                     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     e0.record()
@@ -90,14 +98,16 @@ def main(argv=None):
                         graph.replay()
                     e1.record()
                     torch.cuda.synchronize()
-                    us = e0.elapsed_time(e1) * 1e3 / args.reps
+                    us = e0.elapsed_time(e1) * 1e3 / args.reps / (1 + len(caches))
                 else:
                     t0 = time.perf_counter()
                     for _ in range(args.reps):
                         att(q, k, v, kc, vc, pos, scale)
                     us = (time.perf_counter() - t0) * 1e6 / args.reps
                 r = {"S": S, "T": T, "p": p, "tiling": name, "us": round(us, 2),
-                     "TB_s": round(nbytes / us / 1e6, 3), "max_err": err}
+                     "TB_s": round(nbytes / us / 1e6, 3), "max_err": err, "programs": att.programs or att.n_items,
+                     **{k: getattr(att.compiled, k, None) for k in ("n_regs", "n_spills")},
+                     "shared": getattr(getattr(att.compiled, "metadata", None), "shared", None)}
             except Exception as e:  # noqa: BLE001  (one tiling failing to compile must not lose the others)
                 r = {"S": S, "T": T, "p": p, "tiling": name, "error": f"{type(e).__name__}: {e}"[:300]}
             rows.append(r)

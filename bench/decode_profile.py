@@ -6,8 +6,10 @@ at position --at (the token being decoded) and replays the captured step: --reps
 Prints, per variant, µs per step, the bound (every weight + every slot's KV cache up to --at read once at
 --bandwidth), the device-idle share, time per kernel class and the largest kernels per step.
 
-Variants (`--variants`, comma-separated): `ours` (the CUDA defaults), `eagerdraw` (ours with the draw not compiled)
-and attention tilings `c<chunk>b<block>w<warps>[s<stages>]` (e.g. c128b32w2), passed to SplitAttention.
+Variants (`--variants`, comma-separated): `ours` (the CUDA defaults), `eagerdraw` (ours with the draw not compiled),
+`autotune` (the layer blocks compiled with mode max-autotune-no-cudagraphs: Inductor times its GEMM templates
+against cuBLAS per shape) and attention tilings `c<chunk>b<block>w<warps>[s<stages>][p<per_sm>]` (e.g. c128b32w2),
+passed to SplitAttention.
 
     python3 bench/decode_profile.py --shape qwen2.5-1.5b --batch 64 --at 1024 --out /tmp/p.json      # GPU
     python bench/decode_profile.py --shape tiny --batch 2 --prompt 8 --at 12 --reps 2 --profile 1    # CPU smoke
@@ -41,7 +43,7 @@ def parse(argv=None):
     p.add_argument("--profile", type=int, default=20, help="replays under torch.profiler")
     p.add_argument("--top", type=int, default=25, help="kernels listed")
     p.add_argument("--variants", default="ours",
-                   help="comma-separated: ours, eagerdraw, c<chunk>b<block>w<warps>[s<stages>]")
+                   help="comma-separated: ours, eagerdraw, autotune, c<chunk>b<block>w<warps>[s<stages>][p<per_sm>]")
     p.add_argument("--bandwidth", type=float, default=4.3e12, help="bytes/s for the bound")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     args = p.parse_args(argv)
@@ -51,8 +53,11 @@ def parse(argv=None):
 
 
 def variant_opts(name: str) -> dict:
-    """ours: the CUDA defaults; eagerdraw: the draw not compiled; else an attention tiling (bench/decode_attn.py)."""
-    return {} if name == "ours" else {"compile_draw": False} if name == "eagerdraw" else {"attn_opts": tiling(name)}
+    """ours: the CUDA defaults; eagerdraw: the draw not compiled; autotune: the blocks max-autotuned; else an
+    attention tiling (bench/decode_attn.py)."""
+    named = {"ours": {}, "eagerdraw": {"compile_draw": False},
+             "autotune": {"compile_step": "max-autotune-no-cudagraphs"}}
+    return named[name] if name in named else {"attn_opts": tiling(name)}
 
 
 def steady_state(dec: Decoder, at: int) -> None:

@@ -21,7 +21,8 @@ methods and freed before the next shape; in this process, as lib/sampling_vllm.p
 `--vllm-multiprocess`; no seed, no log-probs) and its variants in VLLM_VARIANTS: `vllm_seeded` (as
 lib/sampling_vllm.py asks it to: a seed per request and the sampled token's raw log-prob), `vllm_seeded_nolp` (seeds,
 no log-probs), `vllm_seeded_lp4` (seeds, the log-prob on every 4th request only: 03's --logprob-gap-every),
-`generate_static`, `generate_dynamic` (transformers). A method that fails prints a row with its error and the run goes
+`generate_static`, `generate_dynamic` (transformers). An ours* method followed by `@TILING` (bench/decode_attn.py's
+grammar, e.g. `ours@c64b64w4p8`) runs with that attention tiling. A method that fails prints a row with its error and the run goes
 on.
 
 Bandwidth bound (what a decode step must at least read: every weight once, every sequence's KV cache once):
@@ -110,8 +111,17 @@ def emit(row: dict):
             f.write(json.dumps(row) + "\n")
 
 
+def variant(name: str) -> dict | None:
+    """An ours* method's decoder options (`base@tiling`: the base's, with that attention tiling), else None."""
+    base, _, t = name.partition("@")
+    if base not in VARIANTS:
+        return None
+    from bench.decode_attn import tiling
+    return VARIANTS[base] | ({"attn_opts": tiling(t)} if t else {})
+
+
 def decoder(model, name, S, P, N, **kw):
-    opts = VARIANTS[name] | ({"attn_impl": args.attn} if args.attn else {}) | kw
+    opts = variant(name) | ({"attn_impl": args.attn} if args.attn else {}) | kw
     return Decoder(model, slots=S, max_len=P + N, max_new_tokens=N, stop_ids=[model.config.vocab_size], **opts)
 
 
@@ -217,13 +227,13 @@ def run_local(shape, model, cases, methods):
     """The in-process methods, case by case (ours* once per --slots value); each decoder freed after its calls."""
     cfg, n_params = model.config, sum(t.numel() for t in model.parameters())
     for B, P, N, prompts in cases:
-        for name, S in [(m, min(S, B)) for m in methods for S in (args.slots if m in VARIANTS else [B])]:
+        for name, S in [(m, min(S, B)) for m in methods for S in (args.slots if variant(m) else [B])]:
             try:
-                if name in VARIANTS:
+                if variant(name):
                     dec = decoder(model, name, S, P, N)
                     n_tok, dt = timed(lambda d=dec, ps=prompts: sum(len(o[0]) for o in d.run(
                         ps, list(range(len(ps))), temperature=1.0, top_p=1.0)))
-                    extra = {"slots": S, "options": VARIANTS[name], "attn": dec.attn_impl,
+                    extra = {"slots": S, "options": variant(name), "attn": dec.attn_impl,
                              "step": "v2" if dec.v2 else "v1"}
                     dec = None
                 else:

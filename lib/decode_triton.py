@@ -29,11 +29,11 @@ NEG = tl.constexpr(-1.0e30)            # "minus infinity" that keeps exp(m − m
 
 
 @triton.jit
-def _split_kernel(Q, KN, VN, KC, VC, POS, PO, PM, PL, scale,
-                  sq_s, sq_h, sk_s, sk_h, sv_s, sv_h, sc_s, sc_h, sc_t, n_split,
-                  G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
-                  UPCAST: tl.constexpr):
-    s, j, c = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+def _chunk(s, j, c, Hkv, Q, KN, VN, KC, VC, POS, PO, PM, PL, scale,
+           sq_s, sq_h, sk_s, sk_h, sv_s, sv_h, sc_s, sc_h, sc_t, n_split,
+           G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+           UPCAST: tl.constexpr):
+    """One work item (slot s, kv head j, chunk c): both kernels below run this, so their results are identical."""
     pos = tl.load(POS + s).to(tl.int32)
     start = c * CHUNK
     end = tl.minimum(start + CHUNK, pos + 1)
@@ -68,10 +68,35 @@ def _split_kernel(Q, KN, VN, KC, VC, POS, PO, PM, PL, scale,
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
             l = l * alpha + tl.sum(p, 1)
             m = m_new
-    row = ((s * tl.num_programs(1) + j) * n_split + c) * G + g                       # (S, H_kv, n_split, G)
+    row = ((s * Hkv + j) * n_split + c) * G + g                                      # (S, H_kv, n_split, G)
     tl.store(PM + row, m, mask=g < G)
     tl.store(PL + row, l, mask=g < G)
     tl.store(PO + row[:, None] * D + d[None, :], acc, mask=(g < G)[:, None])
+
+
+@triton.jit
+def _split_kernel(Q, KN, VN, KC, VC, POS, PO, PM, PL, scale,
+                  sq_s, sq_h, sk_s, sk_h, sv_s, sv_h, sc_s, sc_h, sc_t, n_split,
+                  G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+                  UPCAST: tl.constexpr):
+    """One program per item: grid (S, H_kv, n_split)."""
+    _chunk(tl.program_id(0), tl.program_id(1), tl.program_id(2), tl.num_programs(1), Q, KN, VN, KC, VC, POS, PO,
+           PM, PL, scale, sq_s, sq_h, sk_s, sk_h, sv_s, sv_h, sc_s, sc_h, sc_t, n_split, G, GP, D, CHUNK, BLOCK, UPCAST)
+
+
+@triton.jit
+def _split_persistent(Q, KN, VN, KC, VC, POS, PO, PM, PL, scale,
+                      sq_s, sq_h, sk_s, sk_h, sv_s, sv_h, sc_s, sc_h, sc_t, n_split, Hkv, n_items,
+                      G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr,
+                      BLOCK: tl.constexpr, UPCAST: tl.constexpr, ROUNDS: tl.constexpr):
+    """A fixed number of programs, each taking items pid, pid + P, pid + 2P, … (item = (s · H_kv + j) · n_split + c):
+    no wave of short programs left part-full at the end of the grid."""
+    for r in range(0, ROUNDS):                                      # ⌈n_items / P⌉, the last round ragged
+        it = r * tl.num_programs(0) + tl.program_id(0)
+        if it < n_items:
+            _chunk(it // (Hkv * n_split), it // n_split % Hkv, it % n_split, Hkv, Q, KN, VN, KC, VC, POS, PO, PM, PL,
+                   scale, sq_s, sq_h, sk_s, sk_h, sv_s, sv_h, sc_s, sc_h, sc_t, n_split, G, GP, D, CHUNK, BLOCK,
+                   UPCAST)
 
 
 @triton.jit
@@ -96,13 +121,20 @@ class SplitAttention:
     256, 32, 2. No tiling read K and V faster than 2.7 TB/s (bench/RESULTS.md, fifth run)."""
 
     def __init__(self, S: int, H: int, Hkv: int, D: int, T: int, dtype, device, chunk: int = 64, block: int = 64,
-                 warps: int = 4, stages: int | None = None):
+                 warps: int = 4, stages: int | None = None, per_sm: int | None = None):
+        """per_sm: None, one program per item (S, H_kv, n_split); n, a persistent grid of n programs per SM
+        (CPU: per core), each looping over items (`_split_persistent`, the same results bit for bit)."""
         if D < 16 or D & (D - 1) or chunk < 16 or chunk & (chunk - 1):
             raise ValueError(f"attn_impl='triton' needs a power-of-2 head_dim and chunk, each ≥ 16; got "
                              f"{D} and {chunk}: use attn_impl='matmul' or another chunk")
         self.S, self.H, self.Hkv, self.D, self.G = S, H, Hkv, D, H // Hkv
         self.block, self.launch = min(block, chunk), {"num_warps": warps} | ({"num_stages": stages} if stages else {})
         self.chunk, self.n_split = chunk, -(-T // chunk)
+        self.n_items, self.programs = S * Hkv * self.n_split, None
+        if per_sm:
+            units = (torch.cuda.get_device_properties(device).multi_processor_count
+                     if torch.device(device).type == "cuda" else os.cpu_count() or 1)
+            self.programs = min(self.n_items, per_sm * units)
         f32 = dict(device=device, dtype=torch.float32)
         self.po = torch.empty(S, Hkv, self.n_split, self.G, D, **f32)
         self.pm = torch.empty(S, Hkv, self.n_split, self.G, **f32)
@@ -114,12 +146,16 @@ class SplitAttention:
         in their last dim, pos (S,) → attention output (S, H, D) (a buffer reused by the next call)."""
         S, Hkv, D, G = self.S, self.Hkv, self.D, self.G
         assert kc.stride() == vc.stride() and kc.stride(-1) == q.stride(-1) == k.stride(-1) == v.stride(-1) == 1
-        _split_kernel[(S, Hkv, self.n_split)](
-            q, k, v, kc, vc, pos, self.po, self.pm, self.pl, scale,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            kc.stride(0), kc.stride(1), kc.stride(2), self.n_split,
-            G=G, GP=max(16, triton.next_power_of_2(G)), D=D, CHUNK=self.chunk, BLOCK=self.block,
-            UPCAST=INTERPRET and q.dtype != torch.float32, **self.launch)
+        args = (q, k, v, kc, vc, pos, self.po, self.pm, self.pl, scale,
+                q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+                kc.stride(0), kc.stride(1), kc.stride(2), self.n_split)
+        meta = dict(G=G, GP=max(16, triton.next_power_of_2(G)), D=D, CHUNK=self.chunk, BLOCK=self.block,
+                    UPCAST=INTERPRET and q.dtype != torch.float32, **self.launch)
+        if self.programs:
+            self.compiled = _split_persistent[(self.programs,)](*args, Hkv, self.n_items,
+                                                ROUNDS=-(-self.n_items // self.programs), **meta)
+        else:
+            self.compiled = _split_kernel[(S, Hkv, self.n_split)](*args, **meta)
         _combine_kernel[(S, self.H)](self.po, self.pm, self.pl, self.out, self.out.stride(0), self.out.stride(1),
                                      self.n_split, G=G, D=D, NP=triton.next_power_of_2(self.n_split), num_warps=1)
         return self.out

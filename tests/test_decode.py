@@ -152,6 +152,28 @@ def test_split_attention_kernel_equals_a_float64_reference_and_writes_the_new_ro
         SplitAttention(S, H, Hkv, 48, T, dtype, dev)
 
 
+@pytest.mark.parametrize("per_sm", [1, 5])
+def test_persistent_split_attention_is_bit_for_bit_the_one_program_per_item_grid(per_sm, monkeypatch):
+    """The persistent grid (per_sm programs per core, one core here, each program looping over items) must give the
+    output and the cache writes of the one-program-per-item grid exactly: 48 items (4 slots, 2 kv heads, 6 chunks,
+    the last ragged) through 1 or 5 programs, the last round ragged for 5."""
+    from lib import decode_triton
+    from lib.decode_triton import SplitAttention
+    monkeypatch.setattr(decode_triton.os, "cpu_count", lambda: 1)
+    S, H, Hkv, D, T = 4, 6, 2, 32, 90
+    g = torch.Generator().manual_seed(1)
+    kc, vc = (torch.randn(S, Hkv, T, D, generator=g) for _ in range(2))
+    q, k, v = (torch.randn(S, h, D, generator=g) for h in (H, Hkv, Hkv))
+    pos = torch.tensor([3, 15, 16, 89])
+    runs = []
+    for opts in ({"chunk": 16}, {"chunk": 16, "per_sm": per_sm}):
+        att, a, b = SplitAttention(S, H, Hkv, D, T, torch.float32, "cpu", **opts), kc.clone(), vc.clone()
+        runs.append((att(q, k, v, a, b, pos, 0.3).clone(), a, b, att.programs))
+    (o0, k0, v0, _), (o1, k1, v1, programs) = runs
+    assert programs == per_sm
+    assert torch.equal(o0, o1) and torch.equal(k0, k1) and torch.equal(v0, v1)
+
+
 def test_fused_copies_follow_update_weights(tiny):
     """03_opd_train's pattern: a sampler copy in an engine kept between calls, new weights pushed in place by
     update_weights. The next run must sample what a fresh engine on the new weights samples (tokens and log-probs
