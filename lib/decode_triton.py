@@ -7,8 +7,9 @@ For slot s at position p_s (the token being decoded), kv head j and its G query 
               [0, p_s] in BLOCK-wide tiles, online softmax in fp32, unnormalised sum o_c, running max m_c, mass l_c.
               The chunk holding p_s takes the new k, v from the step's projections (not from the cache) and writes
               them into the cache at p_s: no other program of the step reads that row. A chunk past p_s stores
-              m = −10³⁰ (a finite −inf), l = 0 and costs one early exit.
-    combine   per (s, query head): o = Σ_c e^(m_c − M) o_c / Σ_c e^(m_c − M) l_c,  M = max_c m_c.
+              nothing and costs one early exit. Or (`per_sm`) a persistent grid looping over the same items.
+    combine   per (s, query head), over the chunks c ≤ p_s / CHUNK only:
+              o = Σ_c e^(m_c − M) o_c / Σ_c e^(m_c − M) l_c,  M = max_c m_c.
 
 Chunks are fixed positions (not a share of the length), so a slot's result depends on its own cache and position
 only: not on the slot count, the cache length or its batch-mates. The grid is static (S, H_kv, ⌈T / CHUNK⌉), so one
@@ -50,7 +51,7 @@ def _chunk(s, j, c, Hkv, Q, KN, VN, KC, VC, POS, PO, PM, PL, scale,
     m = tl.full([GP], NEG, tl.float32)                                              # finite: no inf − inf
     l = tl.zeros([GP], tl.float32)
     acc = tl.zeros([GP, D], tl.float32)
-    if start <= pos:                                                                # else: an empty chunk
+    if start <= pos:                                            # else an empty chunk: nothing stored, nor read
         for i in range(0, CHUNK, BLOCK):                                            # fixed trip count, masked
             n = start + i + tl.arange(0, BLOCK)
             valid, new = n < end, n == pos
@@ -68,10 +69,10 @@ def _chunk(s, j, c, Hkv, Q, KN, VN, KC, VC, POS, PO, PM, PL, scale,
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
             l = l * alpha + tl.sum(p, 1)
             m = m_new
-    row = ((s * Hkv + j) * n_split + c) * G + g                                      # (S, H_kv, n_split, G)
-    tl.store(PM + row, m, mask=g < G)
-    tl.store(PL + row, l, mask=g < G)
-    tl.store(PO + row[:, None] * D + d[None, :], acc, mask=(g < G)[:, None])
+        row = ((s * Hkv + j) * n_split + c) * G + g                                  # (S, H_kv, n_split, G)
+        tl.store(PM + row, m, mask=g < G)
+        tl.store(PL + row, l, mask=g < G)
+        tl.store(PO + row[:, None] * D + d[None, :], acc, mask=(g < G)[:, None])
 
 
 @triton.jit
@@ -100,15 +101,17 @@ def _split_persistent(Q, KN, VN, KC, VC, POS, PO, PM, PL, scale,
 
 
 @triton.jit
-def _combine_kernel(PO, PM, PL, O, so_s, so_h, n_split, G: tl.constexpr, D: tl.constexpr, NP: tl.constexpr):
+def _combine_kernel(PO, PM, PL, O, POS, so_s, so_h, n_split, G: tl.constexpr, D: tl.constexpr, NP: tl.constexpr,
+                    CHUNK: tl.constexpr):
     s, h = tl.program_id(0), tl.program_id(1)                                       # h = j · G + g
     j, g = h // G, h % G
     c, d = tl.arange(0, NP), tl.arange(0, D)
+    live = c <= tl.load(POS + s).to(tl.int32) // CHUNK                 # the chunks that start at or before pos
     row = ((s * (tl.num_programs(1) // G) + j) * n_split + c) * G + g               # (NP,)
-    m = tl.load(PM + row, mask=c < n_split, other=NEG)
-    l = tl.load(PL + row, mask=c < n_split, other=0.0)
+    m = tl.load(PM + row, mask=live, other=NEG)
+    l = tl.load(PL + row, mask=live, other=0.0)
     w = tl.exp(m - tl.max(m, 0))                                        # chunk 0 is never empty: w_0 > 0
-    acc = tl.load(PO + row[:, None] * D + d[None, :], mask=(c < n_split)[:, None], other=0.0)
+    acc = tl.load(PO + row[:, None] * D + d[None, :], mask=live[:, None], other=0.0)
     o = tl.sum(w[:, None] * acc, 0) / tl.sum(w * l, 0)
     tl.store(O + s * so_s + h * so_h + d, o.to(O.dtype.element_ty))
 
@@ -156,6 +159,7 @@ class SplitAttention:
                                                 ROUNDS=-(-self.n_items // self.programs), **meta)
         else:
             self.compiled = _split_kernel[(S, Hkv, self.n_split)](*args, **meta)
-        _combine_kernel[(S, self.H)](self.po, self.pm, self.pl, self.out, self.out.stride(0), self.out.stride(1),
-                                     self.n_split, G=G, D=D, NP=triton.next_power_of_2(self.n_split), num_warps=1)
+        _combine_kernel[(S, self.H)](self.po, self.pm, self.pl, self.out, pos, self.out.stride(0), self.out.stride(1),
+                                     self.n_split, G=G, D=D, NP=triton.next_power_of_2(self.n_split),
+                                     CHUNK=self.chunk, num_warps=1)
         return self.out

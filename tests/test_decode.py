@@ -174,6 +174,44 @@ def test_persistent_split_attention_is_bit_for_bit_the_one_program_per_item_grid
     assert torch.equal(o0, o1) and torch.equal(k0, k1) and torch.equal(v0, v1)
 
 
+def test_split_attention_neither_writes_nor_reads_the_partials_of_chunks_past_pos():
+    """Chunks that start after a slot's position are skipped by the split (their partials stay as they were) and
+    left out by the combine: partial buffers poisoned with NaN give the clean call's output bit for bit."""
+    from lib.decode_triton import SplitAttention
+    S, H, Hkv, D, T = 3, 6, 2, 32, 90
+    g = torch.Generator().manual_seed(2)
+    kc, vc = (torch.randn(S, Hkv, T, D, generator=g) for _ in range(2))
+    q, k, v = (torch.randn(S, h, D, generator=g) for h in (H, Hkv, Hkv))
+    pos = torch.tensor([0, 17, 89])                                      # 1, 2 and 6 of the 6 chunks of 16 live
+    outs = []
+    for poison in (0.0, float("nan")):
+        att = SplitAttention(S, H, Hkv, D, T, torch.float32, "cpu", chunk=16)
+        for t in (att.po, att.pm, att.pl):
+            t.fill_(poison)
+        outs.append(att(q, k, v, kc.clone(), vc.clone(), pos, 0.3).clone())
+        if math.isnan(poison):                                            # pm is (S, H_kv, n_split, G)
+            live = torch.arange(att.n_split)[None, :] <= (pos // 16)[:, None]          # (S, n_split)
+            assert torch.equal(att.pm.isnan().all(-1).all(1), ~live)
+    assert torch.isfinite(outs[1]).all() and torch.equal(outs[0], outs[1])
+
+
+def test_compiled_block_keeps_the_residual_add_out_of_the_gemm():
+    """v2's attn_out_mlp adds o_proj's and down_proj's outputs to the residual after rounding them, as the model
+    does eagerly: Inductor must compile three plain GEMMs (o, gate|up, down), no addmm (which would fold the add
+    into the GEMM, round once, and on CUDA first copy the residual into the output)."""
+    from torch._inductor.utils import run_and_get_code
+    from lib.decode_step import make_blocks
+    torch.manual_seed(0)
+    S, E, FF = 8, 64, 128
+    bf = dict(dtype=torch.bfloat16)
+    x, o, ln2, ln_next = torch.randn(S, E, **bf), torch.randn(S, E, **bf), torch.ones(E, **bf), torch.ones(E, **bf)
+    wo, gate_up, wd = torch.randn(E, E, **bf), torch.randn(2 * FF, E, **bf), torch.randn(E, FF, **bf)
+    _, block = make_blocks(4, 2, 16, 1e-6, torch.nn.functional.silu, True)
+    _, code = run_and_get_code(block, x, o, (wo, None), ln2, [(gate_up, None)], (wd, None), ln_next)
+    src = "\n".join(code)
+    assert "addmm" not in src and src.count("extern_kernels.mm(") == 3
+
+
 def test_fused_copies_follow_update_weights(tiny):
     """03_opd_train's pattern: a sampler copy in an engine kept between calls, new weights pushed in place by
     update_weights. The next run must sample what a fresh engine on the new weights samples (tokens and log-probs
