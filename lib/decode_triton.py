@@ -121,7 +121,9 @@ class SplitAttention:
     Defaults from bench/decode_attn.py's sweep of 20 tilings on one H200 (2026-12-02; 1.5B heads, bf16, split +
     combine as one graph replay): chunk 64, tiles of 64, 4 warps took 28.7 / 15.3 / 99.6 / 50.2 µs at S:T:p =
     64:1088:1024 / 64:704:456 / 256:1536:1024 / 256:704:456, against 34.4 / 17.2 / 100.3 / 47.1 µs for the former
-    256, 32, 2. No tiling read K and V faster than 2.7 TB/s (bench/RESULTS.md, fifth run)."""
+    256, 32, 2. No tiling read K and V faster than 2.7 TB/s (bench/RESULTS.md, fifth run). The persistent grid
+    (`per_sm`) ran 1.15–1.44× slower than this default at every case and both heads' shapes (seventh run): its loop
+    needs 146–181 registers a thread against 96, and Triton does not prefetch the next item's K and V."""
 
     def __init__(self, S: int, H: int, Hkv: int, D: int, T: int, dtype, device, chunk: int = 64, block: int = 64,
                  warps: int = 4, stages: int | None = None, per_sm: int | None = None):
