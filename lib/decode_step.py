@@ -78,7 +78,7 @@ def make_blocks(H: int, Hkv: int, D: int, eps: float, act, compile_mode: str | N
         """h (S, E) → q (S, H, D), k and v (S, H_kv, D): projected, per-head normed (qwen3), rotated."""
         S = h.shape[0]
         out = _linears(h, qkv)
-        if len(out) == 1 and q_norm is None:            # one rotation over q | k: one kernel, not two (1.2 µs each)
+        if len(out) == 1 and q_norm is None:            # one rotation over q | k: one kernel, not two
             qk = _rope(out[0][:, :(H + Hkv) * D].view(S, H + Hkv, D), cos, sin)
             return qk[:, :H], qk[:, H:], out[0][:, (H + Hkv) * D:].view(S, Hkv, D)
         q, k, v = out[0].split([H * D, Hkv * D, Hkv * D], -1) if len(out) == 1 else out
