@@ -1,11 +1,14 @@
 """03_opd_train.py end to end on the toy world: 2-process gloo FSDP2 = 1 process; killed + resumed = uninterrupted;
 checkpoints are loadable HF folders whose side files equal the initial student's; overlong prompts are named."""
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 from safetensors.torch import load_file
 
-from helpers import run_script
+from helpers import REPO, run_script
 from lib import toy
 from lib.artifacts import read_json, read_jsonl, sha256_file, verify_dir
 
@@ -155,3 +158,20 @@ def test_on_policy_invariants_and_the_methods_kl_order(world, tmp_path, reward):
         assert r["actor/kl_coef"] == pytest.approx(coef, rel=1e-12), r["step"]
         assert r["teacher/entropy_minus_ref"] is not None
     assert rows[0]["actor/kl_coef"] != 1.0
+
+
+def test_the_loop_freezes_the_heap_after_its_first_step(world, tmp_path):
+    """03 gc.freeze()s what survived its first step (lib/step_phases.freeze_heap), so later collections do not rescan
+    the models and their graphs. Nothing frozen when 03 only parses its arguments (--help); frozen after a run."""
+    probe = ("import gc, runpy, sys\n"
+             "sys.argv = ['03_opd_train.py', *sys.argv[1:]]\n"
+             "try:\n    runpy.run_path('03_opd_train.py', run_name='__main__')\n"
+             "except SystemExit:\n    pass\n"
+             "print('frozen', gc.get_freeze_count())\n")
+    counts = []
+    for args in (["--help"], [*SMALL, "--reward=delta-topk", "--steps=2", f"--run-dir={tmp_path}"]):
+        p = subprocess.run([sys.executable, "-c", probe, *args], cwd=REPO, capture_output=True, text=True,
+                           timeout=600, env=os.environ | {"OMP_NUM_THREADS": "1"})
+        assert p.returncode == 0, p.stderr[-3000:]
+        counts.append(int(p.stdout.rsplit("frozen", 1)[1]))
+    assert counts[0] == 0 < counts[1]
