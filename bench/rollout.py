@@ -22,8 +22,8 @@ methods and freed before the next shape; in this process, as lib/sampling_vllm.p
 lib/sampling_vllm.py asks it to: a seed per request and the sampled token's raw log-prob), `vllm_seeded_nolp` (seeds,
 no log-probs), `vllm_seeded_lp4` (seeds, the log-prob on every 4th request only: 03's --logprob-gap-every),
 `generate_static`, `generate_dynamic` (transformers). An ours* method followed by `@TILING` (bench/decode_attn.py's
-grammar, e.g. `ours@c64b64w4p8`) runs with that attention tiling. A method that fails prints a row with its error and the run goes
-on.
+grammar, e.g. `ours@c64b64w4p8`) runs with that attention tiling. A method that fails prints a row with its error
+and the run goes on.
 
 Bandwidth bound (what a decode step must at least read: every weight once, every sequence's KV cache once):
     t_step(t) = (W + B · kv · (P + t)) / BW,   bound = B · N / Σ_{t<N} t_step(t)

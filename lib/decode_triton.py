@@ -90,8 +90,8 @@ def _split_persistent(Q, KN, VN, KC, VC, POS, PO, PM, PL, scale,
                       sq_s, sq_h, sk_s, sk_h, sv_s, sv_h, sc_s, sc_h, sc_t, n_split, Hkv, n_items,
                       G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr,
                       BLOCK: tl.constexpr, UPCAST: tl.constexpr, ROUNDS: tl.constexpr):
-    """A fixed number of programs, each taking items pid, pid + P, pid + 2P, … (item = (s · H_kv + j) · n_split + c):
-    no wave of short programs left part-full at the end of the grid."""
+    """A fixed number P of programs, each taking items pid, pid + P, pid + 2P, … (item = (s · H_kv + j) · n_split
+    + c): no wave of short programs left part-full at the end of the grid."""
     for r in range(0, ROUNDS):                                      # ⌈n_items / P⌉, the last round ragged
         it = r * tl.num_programs(0) + tl.program_id(0)
         if it < n_items:
@@ -135,7 +135,7 @@ class SplitAttention:
         self.S, self.H, self.Hkv, self.D, self.G = S, H, Hkv, D, H // Hkv
         self.block, self.launch = min(block, chunk), {"num_warps": warps} | ({"num_stages": stages} if stages else {})
         self.chunk, self.n_split = chunk, -(-T // chunk)
-        self.n_items, self.programs = S * Hkv * self.n_split, None
+        self.n_items, self.programs, self.compiled = S * Hkv * self.n_split, None, None   # compiled: the last split
         if per_sm:
             units = (torch.cuda.get_device_properties(device).multi_processor_count
                      if torch.device(device).type == "cuda" else os.cpu_count() or 1)

@@ -212,6 +212,25 @@ def test_compiled_block_keeps_the_residual_add_out_of_the_gemm():
     assert "addmm" not in src and src.count("extern_kernels.mm(") == 3
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "inductor"])
+def test_attn_in_rotates_q_and_k_together_as_each_alone(compiled):
+    """v2's attn_in with one q|k|v GEMM rotates q and k as one tensor: each must equal the model's own rotation of
+    its projection (eagerly bit for bit; compiled by Inductor, up to its GEMM's float32 rounding), v unrotated."""
+    from lib.decode_step import _rope, make_blocks
+    g = torch.Generator().manual_seed(3)
+    S, E, H, Hkv, D = 5, 64, 6, 2, 16
+    h, w, b = (torch.randn(*shape, generator=g) for shape in ((S, E), ((H + 2 * Hkv) * D, E), ((H + 2 * Hkv) * D,)))
+    angle = torch.randn(S, 1, D, generator=g)
+    cos, sin = angle.cos(), angle.sin()
+    attn_in, _ = make_blocks(H, Hkv, D, 1e-6, torch.nn.functional.silu, compiled)
+    q, k, v = attn_in(h, [(w, b)], None, None, 0.0, cos, sin)
+    rq, rk, rv = torch.nn.functional.linear(h, w, b).split([H * D, Hkv * D, Hkv * D], -1)
+    ref = _rope(rq.reshape(S, H, D), cos, sin), _rope(rk.reshape(S, Hkv, D), cos, sin), rv.reshape(S, Hkv, D)
+    for got, want in zip((q, k, v), ref):
+        assert got.shape == want.shape
+        assert torch.equal(got, want) if not compiled else torch.allclose(got, want, atol=1e-4, rtol=1e-5)
+
+
 def test_fused_copies_follow_update_weights(tiny):
     """03_opd_train's pattern: a sampler copy in an engine kept between calls, new weights pushed in place by
     update_weights. The next run must sample what a fresh engine on the new weights samples (tokens and log-probs
