@@ -8,8 +8,9 @@ Prints, per variant, µs per step, the bound (every weight + every slot's KV cac
 
 Variants (`--variants`, comma-separated): `ours` (the CUDA defaults), `eagerdraw` (ours with the draw not compiled),
 `autotune` (the layer blocks compiled with mode max-autotune-no-cudagraphs: Inductor times its GEMM templates
-against cuBLAS per shape) and attention tilings `c<chunk>b<block>w<warps>[s<stages>][p<per_sm>]` (e.g. c128b32w2),
-passed to SplitAttention.
+against cuBLAS per shape), `g:GEMMS` (GEMMs by lib/skinny_gemm.py: bench/skinny_gemm.py's spec,
+e.g. g:qkv=n64k128s4w4+o=n32k128s4w4, or g:none for cuBLAS throughout) and attention tilings
+`c<chunk>b<block>w<warps>[s<stages>][p<per_sm>]` (e.g. c128b32w2), passed to SplitAttention.
 
     python3 bench/decode_profile.py --shape qwen2.5-1.5b --batch 64 --at 1024 --out /tmp/p.json      # GPU
     python bench/decode_profile.py --shape tiny --batch 2 --prompt 8 --at 12 --reps 2 --profile 1    # CPU smoke
@@ -43,7 +44,8 @@ def parse(argv=None):
     p.add_argument("--profile", type=int, default=20, help="replays under torch.profiler")
     p.add_argument("--top", type=int, default=25, help="kernels listed")
     p.add_argument("--variants", default="ours",
-                   help="comma-separated: ours, eagerdraw, autotune, c<chunk>b<block>w<warps>[s<stages>][p<per_sm>]")
+                   help="comma-separated: ours, eagerdraw, autotune, g:GEMMS, "
+                   "c<chunk>b<block>w<warps>[s<stages>][p<per_sm>]")
     p.add_argument("--bandwidth", type=float, default=4.3e12, help="bytes/s for the bound")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     args = p.parse_args(argv)
@@ -57,6 +59,9 @@ def variant_opts(name: str) -> dict:
     attention tiling (bench/decode_attn.py)."""
     named = {"ours": {}, "eagerdraw": {"compile_draw": False},
              "autotune": {"compile_step": "max-autotune-no-cudagraphs"}}
+    if name.startswith("g:"):
+        from bench.skinny_gemm import spec
+        return {"gemm_opts": spec(name[2:])}
     return named[name] if name in named else {"attn_opts": tiling(name)}
 
 

@@ -22,8 +22,9 @@ methods and freed before the next shape; in this process, as lib/sampling_vllm.p
 lib/sampling_vllm.py asks it to: a seed per request and the sampled token's raw log-prob), `vllm_seeded_nolp` (seeds,
 no log-probs), `vllm_seeded_lp4` (seeds, the log-prob on every 4th request only: 03's --logprob-gap-every),
 `generate_static`, `generate_dynamic` (transformers). An ours* method followed by `@TILING` (bench/decode_attn.py's
-grammar, e.g. `ours@c64b64w4p8`) runs with that attention tiling. A method that fails prints a row with its error
-and the run goes on.
+grammar, e.g. `ours@c64b64w4p8`) runs with that attention tiling; followed by `%GEMMS` (bench/skinny_gemm.py's, e.g.
+`ours%qkv=n64k128s4w4`), with those GEMMs by lib/skinny_gemm.py's Triton kernel. A method that fails prints a row
+with its error and the run goes on.
 
 Bandwidth bound (what a decode step must at least read: every weight once, every sequence's KV cache once):
     t_step(t) = (W + B · kv · (P + t)) / BW,   bound = B · N / Σ_{t<N} t_step(t)
@@ -112,12 +113,15 @@ def emit(row: dict):
 
 
 def variant(name: str) -> dict | None:
-    """An ours* method's decoder options (`base@tiling`: the base's, with that attention tiling), else None."""
+    """An ours* method's decoder options (`base@tiling`: the base's, with that attention tiling; `base%GEMMS`: with
+    those GEMMs by lib/skinny_gemm.py, bench/skinny_gemm.py's spec), else None."""
+    name, _, g = name.partition("%")
     base, _, t = name.partition("@")
     if base not in VARIANTS:
         return None
     from bench.decode_attn import tiling
-    return VARIANTS[base] | ({"attn_opts": tiling(t)} if t else {})
+    from bench.skinny_gemm import spec
+    return VARIANTS[base] | ({"attn_opts": tiling(t)} if t else {}) | ({"gemm_opts": spec(g)} if g else {})
 
 
 def decoder(model, name, S, P, N, **kw):

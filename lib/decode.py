@@ -16,7 +16,8 @@ its own row. Grouped-query attention without copying K/V: a kv head's G query he
     v2   (CUDA default) one GEMM for q|k|v and one for gate|up (`fuse_gemms`: concatenated copies of the weights,
          rebuilt from the model at the start of every `run`), each layer two torch.compile'd blocks
          (`compile_step`, a torch.compile mode if a str), attention by lib/decode_triton.py over each slot's live
-         length (`attn_impl="triton"`, tuned by `attn_opts`; no buckets: one graph for every length); the fast
+         length (`attn_impl="triton"`, tuned by `attn_opts`; no buckets: one graph for every length), optionally
+         GEMMs by lib/skinny_gemm.py (`gemm_opts`: {projection: tiling}; its defaults otherwise); the fast
          draw's cumulative sums in two levels (`draw_blocked`, lib/draw.py), the step's fast or greedy draw compiled
          whole (`compile_draw`, a backend if a str: ~110 launch-bound kernels → a few; exact draws stay eager)
 CPU runs v1 eagerly unless asked otherwise; its numerics are those of the toy campaign. Slot invariance: a request's
@@ -48,7 +49,7 @@ class Decoder:
                  kv_bucket: int | None = None, prefill_tokens: int = 65_536, attn_impl: str | None = None,
                  fuse: bool | None = None, fuse_gemms: bool | None = None, compile_step: bool | str | None = None,
                  attn_opts: dict | None = None, draw_blocked: bool | None = None,
-                 compile_draw: bool | str | None = None):
+                 compile_draw: bool | str | None = None, gemm_opts: dict | None = None):
         cfg = model.config
         if cfg.model_type not in SUPPORTED or getattr(cfg, "use_sliding_window", False):
             raise TypeError(f"lib.decode runs full-attention {SUPPORTED} decoders; {type(model).__name__} "
@@ -79,7 +80,9 @@ class Decoder:
         self.fx = SimpleNamespace(**fns)
         if self.v2:                                             # v2: two compiled blocks per layer, weights as args
             act = F.silu if self.silu else self.layers[0].mlp.act_fn
-            self.blocks = make_blocks(self.H, self.Hkv, self.D, self.eps, act, self.compile_step or False)
+            from lib.skinny_gemm import defaults, tiling                      # {projection: Triton tiling}
+            self.gemms = defaults(slots, cuda) if gemm_opts is None else {k: tiling(v) for k, v in gemm_opts.items()}
+            self.blocks = make_blocks(self.H, self.Hkv, self.D, self.eps, act, self.compile_step or False, self.gemms)
             self.weights = FusedWeights(model, self.fuse_gemms)
         self.split_attn = None
         if self.attn_impl == "triton":   # imported lazily (TRITON_INTERPRET is read at its import); attn_opts:
@@ -109,9 +112,6 @@ class Decoder:
             q, k = attn.q_norm(q), attn.k_norm(k)
         return q.transpose(1, 2), k.transpose(1, 2), attn.v_proj(h).view(B, T, self.Hkv, self.D).transpose(1, 2)
 
-    def _logits(self, x_BE):
-        return self.model.lm_head(self.model.model.norm(x_BE))
-
     def _forward_prefill(self, ids_BT, lens_B, slots_B):
         """Prompts right-padded in (B, T); K/V written to positions [0, T) of `slots_B`; last-token logits (B, V)."""
         B, T = ids_BT.shape
@@ -128,7 +128,7 @@ class Decoder:
                                                is_causal=True, scale=attn.scaling)
             x = x + attn.o_proj(o.transpose(1, 2).reshape(B, T, self.H * self.D))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
-        return self._logits(x[torch.arange(B, device=x.device), lens_B - 1])
+        return self.model.lm_head(self.model.model.norm(x[torch.arange(B, device=x.device), lens_B - 1]))
 
     def _attend(self, q, k, v, mask, scale):
         """(S, H_kv, G, D) queries against (S, H_kv, kv, D): SDPA, or two batched GEMMs (`attn_impl="matmul"`)."""

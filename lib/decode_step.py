@@ -57,8 +57,12 @@ V1_PIECES = dict(rms=_rms, add_rms=_add_rms, rope2=_rope2, silu_mul=_silu_mul, m
 
 # --- v2 ---
 
-def _linears(h, ws):
-    """[h·Wᵀ + b for (W, b) in ws]; one fused (W, b) or one per projection."""
+def _linears(h, ws, t=None):
+    """[h·Wᵀ + b for (W, b) in ws]; one fused (W, b) or one per projection. t: a lib/skinny_gemm.py tiling (its
+    Triton partials, summed in the consumer's kernel), else cuBLAS."""
+    if t:
+        from lib.skinny_gemm import linear
+        return [linear(h, w, b, **t) for w, b in ws]
     return [F.linear(h, w, b) for w, b in ws]
 
 
@@ -71,13 +75,17 @@ def _residual(x, y):
     return (x.float() + y.float()).to(x.dtype)
 
 
-def make_blocks(H: int, Hkv: int, D: int, eps: float, act, compile_mode: str | None | bool):
-    """(attn_in, attn_out_mlp) for one model; compiled (dynamic=False, whole graphs) unless compile_mode is False."""
+def make_blocks(H: int, Hkv: int, D: int, eps: float, act, compile_mode: str | None | bool,
+                gemms: dict | None = None):
+    """(attn_in, attn_out_mlp) for one model; compiled (dynamic=False, whole graphs) unless compile_mode is False.
+    gemms: {"qkv" | "o" | "gate_up" | "down": a lib/skinny_gemm.py tiling dict}, those projections' GEMMs by its
+    kernel (the others by cuBLAS)."""
+    t = gemms or {}
 
     def attn_in(h, qkv, q_norm, k_norm, qk_eps: float, cos, sin):
         """h (S, E) → q (S, H, D), k and v (S, H_kv, D): projected, per-head normed (qwen3), rotated."""
         S = h.shape[0]
-        out = _linears(h, qkv)
+        out = _linears(h, qkv, t.get("qkv"))
         if len(out) == 1 and q_norm is None:            # one rotation over q | k: one kernel, not two
             qk = _rope(out[0][:, :(H + Hkv) * D].view(S, H + Hkv, D), cos, sin)
             return qk[:, :H], qk[:, H:], out[0][:, (H + Hkv) * D:].view(S, Hkv, D)
@@ -89,11 +97,11 @@ def make_blocks(H: int, Hkv: int, D: int, eps: float, act, compile_mode: str | N
 
     def attn_out_mlp(x, o, wo, ln2, gate_up, wd, ln_next):
         """x (S, E) residual, o (S, H·D) attention → (x', rms(x') with the next norm) after o_proj and the MLP."""
-        x = _residual(x, _linears(o, [wo])[0])
+        x = _residual(x, _linears(o, [wo], t.get("o"))[0])
         h = _rms(x, ln2, eps)
-        out = _linears(h, gate_up)
+        out = _linears(h, gate_up, t.get("gate_up"))
         g, u = out[0].chunk(2, -1) if len(out) == 1 else out
-        x = _residual(x, _linears(act(g) * u, [wd])[0])
+        x = _residual(x, _linears(act(g) * u, [wd], t.get("down"))[0])
         return x, _rms(x, ln_next, eps)
 
     if compile_mode is False:

@@ -8,7 +8,8 @@
   training loop's `rollout/logprob_gap` must stay < 1e-3 in fp32);
 - the fast step (v2, CUDA's default) run eagerly on CPU: greedy = `generate` with fused q|k|v and gate|up GEMMs,
   with v1's attention and with the Triton split-K kernel (Triton's interpreter, TRITON_INTERPRET=1, set here
-  before the kernel module is imported); the kernel alone against a float64 reference, cache write included;
+  before the kernel module is imported), and with all four GEMMs by lib/skinny_gemm.py's Triton partials; the
+  kernel alone against a float64 reference, cache write included;
   weights pushed by HFEngine.update_weights reach the fused copies (a stale copy fails it); CUDA's configuration
   constructs here (its compiled blocks are not run on CPU).
 """
@@ -33,6 +34,7 @@ MAX_NEW = 9
 GPU_STYLE = dict(sync_every=4, kv_bucket=8, attn_impl="matmul")     # what CUDA ran before v2, minus the graphs
 V2 = dict(fuse_gemms=True, sync_every=4)                            # v2 eagerly: fused GEMMs, v1's attention
 V2_TRITON = dict(fuse_gemms=True, attn_impl="triton", attn_opts={"chunk": 16}, sync_every=4)   # + split-K kernel
+SKINNY = dict(gemm_opts={"qkv": "n32k32s2w4", "o": "n16k64s1w4", "gate_up": "n64k32s4w4", "down": "n16k64s3w4"})
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +67,9 @@ def run(model, prompts, seeds, stop, *, slots=3, T=0.0, top_p=1.0, mode="fast", 
     return dec.run(prompts, seeds, temperature=T, top_p=top_p)
 
 
-@pytest.mark.parametrize("config", [{}, GPU_STYLE, V2, V2 | GPU_STYLE | dict(kv_bucket=4), V2_TRITON],
-                         ids=["cpu", "gpu-style", "v2", "v2-matmul", "v2-triton"])
+@pytest.mark.parametrize("config", [{}, GPU_STYLE, V2, V2 | GPU_STYLE | dict(kv_bucket=4), V2_TRITON,
+                                    V2_TRITON | SKINNY], ids=["cpu", "gpu-style", "v2", "v2-matmul", "v2-triton",
+                                                              "v2-triton-skinny-gemms"])
 def test_greedy_equals_generate_with_refills_stops_and_caps(tiny, config):
     tok, model = tiny
     prompts = odd_prompts()
@@ -229,6 +232,21 @@ def test_attn_in_rotates_q_and_k_together_as_each_alone(compiled):
     for got, want in zip((q, k, v), ref):
         assert got.shape == want.shape
         assert torch.equal(got, want) if not compiled else torch.allclose(got, want, atol=1e-4, rtol=1e-5)
+
+
+def test_skinny_gemm_options_run_every_projection_through_the_kernel(tiny, monkeypatch):
+    """gemm_opts reach the blocks: each decode step calls the Triton partials once per projection and layer, with
+    that projection's tiling (the greedy test above checks the tokens)."""
+    import lib.skinny_gemm as sk
+    calls, real = [], sk.skinny_partials
+    monkeypatch.setattr(sk, "skinny_partials", lambda x, w, *t: calls.append((tuple(w.shape), t)) or real(x, w, *t))
+    dec = Decoder(tiny[1], slots=2, max_len=16, max_new_tokens=3, stop_ids=[0], mode="fast", **V2_TRITON | SKINNY)
+    dec.run([[5, 6, 7], [8, 9]], [0, 1], temperature=0.0, top_p=1.0)
+    E, L = 128, 2
+    shapes = {(256, E): "qkv", (E, E): "o", (512, E): "gate_up", (E, 256): "down"}
+    assert calls and len(calls) % (4 * L) == 0 and {shapes[w] for w, _ in calls} == set(shapes.values())
+    for w, t in calls:
+        assert t == tuple(sk.tiling(SKINNY["gemm_opts"][shapes[w]]).values())
 
 
 def test_fused_copies_follow_update_weights(tiny):

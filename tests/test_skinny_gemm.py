@@ -1,0 +1,45 @@
+"""lib/skinny_gemm.py's Triton partials (Triton's interpreter on CPU, TRITON_INTERPRET=1, set before the import)
+against a float64 F.linear on odd shapes: ragged M, N and K tiles (masked loads), K slices of unequal fill, full
+tiles (the unmasked path), bias and none, fp32 and bf16; the tiling grammar and the decoder's defaults."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from lib.skinny_gemm import defaults, linear, skinny_partials, tiling  # noqa: E402
+
+
+@pytest.mark.parametrize("M,N,K,t", [(5, 48, 40, "n16k16s2w4"), (3, 20, 33, "n16k32s3w4"),
+                                     (16, 32, 64, "n16k16s4w4"), (32, 64, 64, "n32k16s1w4m16")],
+                         ids=["ragged", "ragged-k-slices", "even", "even-m-tiles"])
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 8e-3)], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+def test_partials_sum_to_the_linear(M, N, K, t, dtype, tol, bias):
+    g = torch.Generator().manual_seed(M * N + K)
+    x, w, b = torch.randn(M, K, generator=g), torch.randn(N, K, generator=g), torch.randn(N, generator=g)
+    x, w, b = x.to(dtype), w.to(dtype), b.to(dtype) if bias else None
+    ref = torch.nn.functional.linear(x.double(), w.double(), None if b is None else b.double())
+    kw = tiling(t)
+    y = linear(x, w, b, **kw)
+    assert y.dtype == dtype and y.shape == (M, N)
+    assert ((y.double() - ref).abs().max() / ref.abs().max()).item() < tol
+    p = skinny_partials(x, w, kw["bn"], kw["bk"], kw["split"], kw["warps"], kw["stages"], kw["bm"])
+    assert p.shape == (kw["split"], M, N) and p.dtype == torch.float32     # each slice its own share of K
+    ks = -(-(-(-K // kw["split"])) // kw["bk"]) * kw["bk"]
+    s = kw["split"] - 1
+    part = torch.nn.functional.linear(x[:, s * ks:].double(), w[:, s * ks:].double()) if s * ks < K else 0 * ref
+    assert torch.allclose(p[s].double(), part, atol=1e-3 * max(1.0, ref.abs().max().item()))
+
+
+def test_tiling_grammar_and_defaults():
+    assert tiling("n64k128s4w4") == dict(bn=64, bk=128, split=4, warps=4, stages=0, bm=64)
+    assert tiling("n32k64s8w8t3m128") == dict(bn=32, bk=64, split=8, warps=8, stages=3, bm=128)
+    for bad in ("n64k128s16w4", "k128s4w4", "n64k128s4"):
+        with pytest.raises(ValueError, match="tiling"):
+            tiling(bad)
+    assert defaults(64, cuda=False) == {} and defaults(4096, cuda=True) == {}
