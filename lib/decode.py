@@ -16,8 +16,8 @@ its own row. Grouped-query attention without copying K/V: a kv head's G query he
     v2   (CUDA default) one GEMM for q|k|v and one for gate|up (`fuse_gemms`: concatenated copies of the weights,
          rebuilt from the model at the start of every `run`), each layer two torch.compile'd blocks
          (`compile_step`, a torch.compile mode if a str), attention by lib/decode_triton.py over each slot's live
-         length (`attn_impl="triton"`, tuned by `attn_opts`; no buckets: one graph for every length), optionally
-         GEMMs by lib/skinny_gemm.py (`gemm_opts`: {projection: tiling}; its defaults otherwise); the fast
+         length (`attn_impl="triton"`, tuned by `attn_opts`; no buckets: one graph for every length), GEMMs by
+         lib/skinny_gemm.py (`gemm_opts`, {projection: tiling}; else its defaults: down_proj at ≤ 64 slots); the fast
          draw's cumulative sums in two levels (`draw_blocked`, lib/draw.py), the step's fast or greedy draw compiled
          whole (`compile_draw`, a backend if a str: ~110 launch-bound kernels → a few; exact draws stay eager)
 CPU runs v1 eagerly unless asked otherwise; its numerics are those of the toy campaign. Slot invariance: a request's

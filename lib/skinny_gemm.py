@@ -99,8 +99,12 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, **t) -> tor
     return (y if b is None else y + b.float()).to(x.dtype)
 
 
-DEFAULTS: dict[str, str] = {}         # projection → tiling, for slot counts ≤ MAX_ROWS on CUDA; set from the bench
-MAX_ROWS = 128
+# The decoder's default on CUDA for ≤ MAX_ROWS slots, from one H200 (2026-12-02, 1.5B shape, B = 64, position 1,024;
+# bench/RESULTS.md, eighth run): down_proj alone took the step from 2,521 to 2,483 µs and rollouts +1.4 % / +2.0 %
+# (512+1024, 256+400). q|k|v needs v materialised by one more kernel (step +20 µs); o_proj at SPLIT 8 moves its
+# saving into the norm that reads the partials. At B = 256 the kernel ran 8–10 % slower: cuBLAS stays there.
+DEFAULTS: dict[str, str] = {"down": "n32k128s8w4"}
+MAX_ROWS = 64
 
 
 def defaults(slots: int, cuda: bool) -> dict:

@@ -11,7 +11,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from lib.skinny_gemm import defaults, linear, skinny_partials, tiling  # noqa: E402
+from lib.skinny_gemm import DEFAULTS, defaults, linear, skinny_partials, tiling  # noqa: E402
 
 
 @pytest.mark.parametrize("M,N,K,t", [(5, 48, 40, "n16k16s2w4"), (3, 20, 33, "n16k32s3w4"),
@@ -43,3 +43,4 @@ def test_tiling_grammar_and_defaults():
         with pytest.raises(ValueError, match="tiling"):
             tiling(bad)
     assert defaults(64, cuda=False) == {} and defaults(4096, cuda=True) == {}
+    assert defaults(8, cuda=True) == {k: tiling(v) for k, v in DEFAULTS.items()}
