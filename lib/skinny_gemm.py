@@ -9,7 +9,7 @@ for 132 SMs: on one H200 at the 1.5B shape, B = 64, q|k|v and o_proj read their 
     consumer   y = round(Σ_s P[s] + b)                                       (in the caller's compiled graph)
 
 so SPLIT × (N / BN) programs stream the weights, with no atomics, no zeroing and no reduction kernel: the sum over
-SPLIT (≤ 8, which Inductor unrolls as pointwise) and the bias fuse into the elementwise kernel that reads y anyway
+SPLIT (≤ 8, written as pointwise adds in a fixed order) and the bias fuse into the elementwise kernel that reads y anyway
 (rope, the residual add and norm, act·up). y is rounded once, from fp32, as cuBLAS rounds it; the order of the
 fp32 additions differs, so results agree with F.linear to bf16 rounding, not bit for bit.
 
