@@ -1,8 +1,9 @@
 """bench/decode_attn.py — lib/decode_triton.py's split-K decode attention alone, over tilings (issue 15).
 
 For each case S:T:p (S slots, a cache of T positions, every slot decoding at position p; the 1.5B shape's 12 query
-and 2 kv heads of 128 unless --heads says otherwise) and each tiling c<chunk>b<block>w<warps>[s<stages>][p<per_sm>]
-(p: the persistent grid, per_sm programs per SM looping over the work items): --layers calls of split + combine,
+and 2 kv heads of 128 unless --heads says otherwise) and each tiling c<chunk>b<block>w<warps>[s<stages>][x]
+(s: software-pipelining depth, Triton's default if absent; x: full tiles read through tensor descriptors, the
+Hopper copy engine): --layers calls of split + combine,
 each over its own cache (as a model's layers are: a cache smaller than L2 is not re-read from L2), captured in one
 CUDA graph and replayed --reps times. Reported: µs per call, the K and V bytes it must read
 (S · H_kv · (p + 1) · D · 2 · itemsize) over that time in TB/s, the split kernel's registers, spills and shared
@@ -26,9 +27,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from lib.decode_triton import SplitAttention  # noqa: E402
 
-TILINGS = ("c64b64w4,c64b64w4s1,c64b64w2s1,c64b64w8s1,c32b32w2s1,c128b32w2,c256b32w2,"      # one program per item
-           "c64b64w4p2,c64b64w4p4,c64b64w4p8,c64b64w4s1p4,c64b64w4s1p8,c64b64w8p2,c64b64w8p4,c128b64w4p2,"
-           "c128b64w4p4,c128b128w8p1,c128b128w8p2,c256b64w4s3p1,c256b64w4s3p2,c32b32w2p8")     # persistent
+TILINGS = ("c64b64w4s1,c64b64w4s2,c128b32w4,c256b32w4s4,c128b64w4s2,c256b64w4,"                    # pointer loads
+           "c64b64w4x,c128b32w4x,c256b32w4s4x,c512b32w4s4x,c128b64w8x,c256b64w8x,c256b64w4x,c512b64w8s4x")  # tma
 
 
 def parse(argv=None):
@@ -36,7 +36,7 @@ def parse(argv=None):
     p.add_argument("--cases", default="64:1088:1024,64:704:456,256:1536:1024,256:704:456",
                    help="comma-separated S:T:p")
     p.add_argument("--heads", default="12:2:128", help="H:H_kv:D")
-    p.add_argument("--tilings", default=TILINGS, help="comma-separated c<chunk>b<block>w<warps>[s<stages>]")
+    p.add_argument("--tilings", default=TILINGS, help="comma-separated c<chunk>b<block>w<warps>[s<stages>][x]")
     p.add_argument("--reps", type=int, default=200, help="graph replays timed per case and tiling")
     p.add_argument("--layers", type=int, default=4, help="calls per replay, each over its own cache")
     p.add_argument("--dtype", default="bfloat16", help="cache and query dtype")
@@ -45,11 +45,11 @@ def parse(argv=None):
 
 
 def tiling(name: str) -> dict:
-    m = re.fullmatch(r"c(\d+)b(\d+)w(\d+)(?:s(\d+))?(?:p(\d+))?", name)
+    m = re.fullmatch(r"c(\d+)b(\d+)w(\d+)(?:s(\d+))?(x?)", name)
     if not m:
-        raise SystemExit(f"decode_attn: tiling {name!r} is not c<chunk>b<block>w<warps>[s<stages>][p<per_sm>]")
+        raise SystemExit(f"decode_attn: tiling {name!r} is not c<chunk>b<block>w<warps>[s<stages>][x]")
     return dict(chunk=int(m[1]), block=int(m[2]), warps=int(m[3]), stages=int(m[4]) if m[4] else None,
-                per_sm=int(m[5]) if m[5] else None)
+                tma=m[5] == "x")
 
 
 def reference(q, k, v, kc, vc, pos, scale):
@@ -105,7 +105,7 @@ def main(argv=None):
                         att(q, k, v, kc, vc, pos, scale)
                     us = (time.perf_counter() - t0) * 1e6 / args.reps
                 r = {"S": S, "T": T, "p": p, "tiling": name, "us": round(us, 2),
-                     "TB_s": round(nbytes / us / 1e6, 3), "max_err": err, "programs": att.programs or att.n_items,
+                     "TB_s": round(nbytes / us / 1e6, 3), "max_err": err, "programs": att.n_items,
                      **{k: getattr(att.compiled, k, None) for k in ("n_regs", "n_spills")},
                      "shared": getattr(getattr(att.compiled, "metadata", None), "shared", None)}
             except Exception as e:  # noqa: BLE001  (one tiling failing to compile must not lose the others)

@@ -10,7 +10,7 @@ Variants (`--variants`, comma-separated): `ours` (the CUDA defaults), `eagerdraw
 `autotune` (the layer blocks compiled with mode max-autotune-no-cudagraphs: Inductor times its GEMM templates
 against cuBLAS per shape), `g:GEMMS` (GEMMs by lib/skinny_gemm.py: bench/skinny_gemm.py's spec,
 e.g. g:qkv=n64k128s4w4+o=n32k128s4w4, or g:none for cuBLAS throughout) and attention tilings
-`c<chunk>b<block>w<warps>[s<stages>][p<per_sm>]` (e.g. c128b32w2), passed to SplitAttention.
+`c<chunk>b<block>w<warps>[s<stages>][x]` (e.g. c256b64w4x), passed to SplitAttention.
 
     python3 bench/decode_profile.py --shape qwen2.5-1.5b --batch 64 --at 1024 --out /tmp/p.json      # GPU
     python bench/decode_profile.py --shape tiny --batch 2 --prompt 8 --at 12 --reps 2 --profile 1    # CPU smoke
@@ -45,7 +45,7 @@ def parse(argv=None):
     p.add_argument("--top", type=int, default=25, help="kernels listed")
     p.add_argument("--variants", default="ours",
                    help="comma-separated: ours, eagerdraw, autotune, g:GEMMS, "
-                   "c<chunk>b<block>w<warps>[s<stages>][p<per_sm>]")
+                   "c<chunk>b<block>w<warps>[s<stages>][x]")
     p.add_argument("--bandwidth", type=float, default=4.3e12, help="bytes/s for the bound")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     args = p.parse_args(argv)

@@ -9,7 +9,8 @@ ablations), vLLM and transformers `generate`, side by side in one process run, r
 Every request has a prompt of P random ids and samples exactly N tokens (`--lengths P+N,…`) at T = 1, top-p = 1
 (the stop id is the vocabulary size, which no method can emit), so each method does B × N tokens of work.
 tokens/s = B × N / wall seconds of the whole call (prefill included), measured after one identical untimed call
-(vLLM's untimed call: the same requests, `--vllm-warmup-tokens` new tokens each).
+(vLLM's untimed call: the same requests, `--vllm-warmup-tokens` new tokens each); `--repeats K` times K calls in a
+row, one row each (`rep`), for the spread within one process.
 
 Methods: `ours` (the decoder's CUDA defaults: fused q|k|v and gate|up GEMMs, compiled layer blocks, Triton split-K
 attention over the live length, the fast draw's two-level search, the draw compiled whole), `ours_prev` (the
@@ -22,7 +23,7 @@ methods and freed before the next shape; in this process, as lib/sampling_vllm.p
 lib/sampling_vllm.py asks it to: a seed per request and the sampled token's raw log-prob), `vllm_seeded_nolp` (seeds,
 no log-probs), `vllm_seeded_lp4` (seeds, the log-prob on every 4th request only: 03's --logprob-gap-every),
 `generate_static`, `generate_dynamic` (transformers). An ours* method followed by `@TILING` (bench/decode_attn.py's
-grammar, e.g. `ours@c64b64w4p8`) runs with that attention tiling; followed by `%GEMMS` (bench/skinny_gemm.py's, e.g.
+grammar, e.g. `ours@c256b64w4x`) runs with that attention tiling; followed by `%GEMMS` (bench/skinny_gemm.py's, e.g.
 `ours%qkv=n64k128s4w4`), with those GEMMs by lib/skinny_gemm.py's Triton kernel. A method that fails prints a row
 with its error and the run goes on.
 
@@ -85,6 +86,8 @@ def parse(argv=None):
                    "default); without it the engine runs in this process, as lib/sampling_vllm.py runs it")
     p.add_argument("--bandwidth", type=float, default=4.3e12, help="bytes/s for the bound")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="torch device")
+    p.add_argument("--repeats", type=int, default=1, help="timed calls per method and case (one row each), after "
+                   "the one untimed call")
     p.add_argument("--check", action="store_true", help="run the on-device correctness checks first")
     p.add_argument("--out", default=None, help="append result rows here (JSONL)")
     return p.parse_args(argv)
@@ -204,21 +207,27 @@ def run_generate(model, prompts, N, static):
 
 
 def timed(fn, warm=None):
-    """(tokens, seconds) of fn() after one untimed call, `warm()` or else identical (compile, graphs, allocator)."""
+    """(tokens, [seconds of each of --repeats calls]) of fn() after one untimed call, `warm()` or else identical
+    (compile, graphs, allocator)."""
     (warm or fn)()
-    sync()
-    t = time.perf_counter()
-    n = fn()
-    sync()
-    return n, time.perf_counter() - t
+    seconds = []
+    for _ in range(args.repeats):
+        sync()
+        t = time.perf_counter()
+        n = fn()
+        sync()
+        seconds.append(time.perf_counter() - t)
+    return n, seconds
 
 
-def row(shape, cfg, n_params, B, P, N, name, n_tok, dt, concurrency=None, **extra):
+def row(shape, cfg, n_params, B, P, N, name, n_tok, seconds, concurrency=None, **extra):
+    """One row per timed call (`rep` 0, 1, … of --repeats)."""
     bd = bound(cfg, n_params, concurrency or B, P, N)              # the bound of `concurrency` sequences at a time
-    emit({"shape": shape, "B": B, "P": P, "N": N, "method": name, "tokens": n_tok, "seconds": round(dt, 3),
-          "tokens_per_s": round(n_tok / dt), "bound_tokens_per_s": round(bd), "pct_of_bound": round(100 * n_tok / dt / bd, 1),
-          "device": torch.cuda.get_device_name() if cuda() else "cpu",
-          "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1) if cuda() else None, **extra})
+    for rep, dt in enumerate(seconds):
+        emit({"shape": shape, "B": B, "P": P, "N": N, "method": name, "rep": rep, "tokens": n_tok,
+              "seconds": round(dt, 3), "tokens_per_s": round(n_tok / dt), "bound_tokens_per_s": round(bd),
+              "pct_of_bound": round(100 * n_tok / dt / bd, 1), "device": torch.cuda.get_device_name() if cuda() else "cpu",
+              "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1) if cuda() else None, **extra})
 
 
 def bound(cfg, n_params: int, B: int, P: int, N: int) -> float:

@@ -129,12 +129,15 @@ def test_refuses_other_architectures_and_overlong_prompts(tiny):
         dec.run([[5] * 9], [0], temperature=0, top_p=1.0)
 
 
-@pytest.mark.parametrize("opts,T,edge", [({"chunk": 16}, 70, 16), ({}, 150, 64)], ids=["chunk16", "defaults"])
+@pytest.mark.parametrize("opts,T,edge", [({"chunk": 16}, 70, 16), ({}, 150, 64),
+                                         ({"chunk": 32, "block": 16, "tma": True}, 70, 32)],
+                         ids=["chunk16", "defaults", "tiles-of-16-tma"])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 def test_split_attention_kernel_equals_a_float64_reference_and_writes_the_new_row(dtype, tol, opts, T, edge):
-    """GQA with G = 3 (padded to 16 rows); chunks of 16 (5, the last ragged) or the CUDA defaults (chunk 64, tiles of
-    64: 3 chunks, the last ragged); positions 0, edge − 1, edge (a chunk boundary) and T − 1; the new k, v come from
-    the arguments, land in the cache at pos, and nothing else is written."""
+    """GQA with G = 3 (padded to 16 rows); chunks of 16 (5, the last ragged), the CUDA defaults (chunk 64, tiles of
+    64: 3 chunks, the last ragged) or chunks of 32 in tiles of 16 read through tensor descriptors; positions 0,
+    edge − 1, edge (a chunk boundary) and T − 1; the new k, v come from the arguments, land in the cache at pos, and
+    nothing else is written."""
     from lib.decode_triton import SplitAttention
     S, H, Hkv, D, dev = 4, 6, 2, 32, "cuda" if torch.cuda.is_available() else "cpu"
     g = torch.Generator().manual_seed(0)
@@ -155,26 +158,33 @@ def test_split_attention_kernel_equals_a_float64_reference_and_writes_the_new_ro
         SplitAttention(S, H, Hkv, 48, T, dtype, dev)
 
 
-@pytest.mark.parametrize("per_sm", [1, 5])
-def test_persistent_split_attention_is_bit_for_bit_the_one_program_per_item_grid(per_sm, monkeypatch):
-    """The persistent grid (per_sm programs per core, one core here, each program looping over items) must give the
-    output and the cache writes of the one-program-per-item grid exactly: 48 items (4 slots, 2 kv heads, 6 chunks,
-    the last ragged) through 1 or 5 programs, the last round ragged for 5."""
-    from lib import decode_triton
+@pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
+def test_split_attention_ignores_every_cache_row_at_or_past_pos(tma):
+    """Multi-tile chunks (chunk 32, tiles of 16): every cache row at or after a slot's position poisoned with NaN
+    (the row at pos holds a stale value the step replaces) must leave the output finite and bit for bit the clean
+    call's, whether tiles are read by masked pointer loads or as whole boxes through tensor descriptors (`tma`,
+    which read the poisoned rows and must discard them). Positions: 0, a tile's last row, a tile's first row, a
+    chunk's first row, T − 1 (T = 90: 3 chunks, the last ragged, its last box past the cache's end)."""
     from lib.decode_triton import SplitAttention
-    monkeypatch.setattr(decode_triton.os, "cpu_count", lambda: 1)
-    S, H, Hkv, D, T = 4, 6, 2, 32, 90
+    S, H, Hkv, D, T, dev = 5, 6, 2, 32, 90, "cuda" if torch.cuda.is_available() else "cpu"
     g = torch.Generator().manual_seed(1)
-    kc, vc = (torch.randn(S, Hkv, T, D, generator=g) for _ in range(2))
-    q, k, v = (torch.randn(S, h, D, generator=g) for h in (H, Hkv, Hkv))
-    pos = torch.tensor([3, 15, 16, 89])
+    kc, vc = (torch.randn(S, Hkv, T, D, generator=g).to(dev) for _ in range(2))
+    q, k, v = (torch.randn(S, h, D, generator=g).to(dev) for h in (H, Hkv, Hkv))
+    pos = torch.tensor([0, 15, 16, 64, 89], device=dev)
+    past = torch.arange(T, device=dev)[None, :] >= pos[:, None]                    # (S, T)
     runs = []
-    for opts in ({"chunk": 16}, {"chunk": 16, "per_sm": per_sm}):
-        att, a, b = SplitAttention(S, H, Hkv, D, T, torch.float32, "cpu", **opts), kc.clone(), vc.clone()
-        runs.append((att(q, k, v, a, b, pos, 0.3).clone(), a, b, att.programs))
-    (o0, k0, v0, _), (o1, k1, v1, programs) = runs
-    assert programs == per_sm
-    assert torch.equal(o0, o1) and torch.equal(k0, k1) and torch.equal(v0, v1)
+    for opts, poison in (({}, False), ({"tma": tma}, True)):
+        a, b = kc.clone(), vc.clone()
+        if poison:
+            a[past[:, None].expand(S, Hkv, T)] = float("nan")
+            b[past[:, None].expand(S, Hkv, T)] = float("nan")
+        att = SplitAttention(S, H, Hkv, D, T, torch.float32, dev, chunk=32, block=16, **opts)
+        runs.append((att(q, k, v, a, b, pos, 0.3).clone(), a, b))
+    (o0, k0, v0), (o1, k1, v1) = runs
+    assert torch.isfinite(o1).all() and torch.equal(o0, o1)
+    rows = torch.arange(S, device=dev)
+    assert torch.equal(k1[rows, :, pos], k) and torch.equal(v1[rows, :, pos], v)     # the new row written
+    assert torch.equal(k0[~past[:, None].expand(S, Hkv, T)], k1[~past[:, None].expand(S, Hkv, T)])
 
 
 def test_split_attention_neither_writes_nor_reads_the_partials_of_chunks_past_pos():
