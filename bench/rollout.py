@@ -226,7 +226,8 @@ def row(shape, cfg, n_params, B, P, N, name, n_tok, seconds, concurrency=None, *
     for rep, dt in enumerate(seconds):
         emit({"shape": shape, "B": B, "P": P, "N": N, "method": name, "rep": rep, "tokens": n_tok,
               "seconds": round(dt, 3), "tokens_per_s": round(n_tok / dt), "bound_tokens_per_s": round(bd),
-              "pct_of_bound": round(100 * n_tok / dt / bd, 1), "device": torch.cuda.get_device_name() if cuda() else "cpu",
+              "pct_of_bound": round(100 * n_tok / dt / bd, 1),
+              "device": torch.cuda.get_device_name() if cuda() else "cpu",
               "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1) if cuda() else None, **extra})
 
 
