@@ -33,13 +33,14 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 if INTERPRET:      # Triton ≤ 3.6's interpreter holds scalars as 1-element arrays and takes int() of them for a loop
     from triton.runtime import interpreter as _interp          # bound, which NumPy ≥ 2.4 refuses (triton-lang/triton
-    _patch = _interp._patch_lang_tensor                        # #9171, fixed upstream): squeeze them first
+    _patch = getattr(_interp, "_patch_lang_tensor", None)      # #9171, fixed upstream): squeeze them first
 
     def _patch_lang_tensor(tensor, scope):
         _patch(tensor, scope)
         scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
 
-    _interp._patch_lang_tensor = _patch_lang_tensor
+    if _patch is not None:
+        _interp._patch_lang_tensor = _patch_lang_tensor
 NEG = tl.constexpr(-1.0e30)            # "minus infinity" that keeps exp(m − m_new) finite in an all-masked tile
 
 

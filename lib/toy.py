@@ -1,5 +1,6 @@
 r"""The toy world (DESIGN.md §10): an arithmetic task, a chat tokenizer and four tiny Qwen2 models, built on 2 CPU
-cores in ~5 min, the same bytes on every x86-64 CPU (lib/cpu_repro.py), cached under `<cache>/toy/<world_hash>/`.
+cores in ~5 min, the same bytes run after run on one CPU model (lib/cpu_repro.py), cached under
+`<cache>/toy/<world_hash>/`.
 
 The task, its solutions and the tokenizer: lib/toy_task.py. This file trains the models on them.
 Models: tiny `Qwen2ForCausalLM`, fp32, tied embeddings, head_dim 64 (a head size vLLM's CPU attention supports).
@@ -7,7 +8,7 @@ Models: tiny `Qwen2ForCausalLM`, fp32, tied embeddings, head_dim 64 (a head size
                      single-digit answer is right by chance ~10 % of the time)
     post             pre fine-tuned on levels 1-3: the capability the shift pre → post carries
     student          3 layers × 128 (a different size), from scratch on levels 1-2 plus a little level 3 (weight
-                     0.3 of a level's, ~13 % of its problems), and careless: a quarter of the clauses of its SFT
+                     0.1 of a level's, ~5 % of its problems), and careless: a quarter of the clauses of its SFT
                      solutions are off by one (SLIP), the chain going on from the wrong value; the teachers'
                      answer-line style (a half-`\boxed{}` student put 65 % of classic OPD's reward on style tokens,
                      −13.5 nats each, and its gain never cleared 0). Greedy accuracy by level: world.json.
@@ -16,8 +17,11 @@ Models: tiny `Qwen2ForCausalLM`, fp32, tied embeddings, head_dim 64 (a head size
                      `<|im_end|>` never a target): the termination sink as a teacher, the gates' negative control.
 
 Build: two one-thread worker processes (student beside pre → post → post-offsupport), CPU math pinned by
-lib/cpu_repro.py, every random choice from SEED: byte-identical builds on any x86-64 machine as far as the libraries
-allow. world.json records each model's sha256, the pin and the CPU; the build checks them against lib/toy_world.sha256.
+lib/cpu_repro.py, every random choice from SEED: byte-identical builds on machines of one CPU model, not across
+vendors. world.json records each model's sha256, greedy and sampled accuracy by level, the pin and the CPU; the build
+checks the sha256 against lib/toy_world.sha256's block for its CPU model. What the campaign needs of the models
+(tests/test_toy.py, test_world_accuracies) must hold whatever the CPU's rounding: the student's level-3 share is
+chosen for that (LEVEL_WEIGHTS).
 """
 from __future__ import annotations
 
@@ -58,7 +62,11 @@ RECIPES = {
 }
 MODEL_NAMES = tuple(RECIPES)
 CHAINS = {"teachers": ("pre", "post", "post-offsupport"), "student": ("student",)}   # one worker process each
-LEVEL_WEIGHTS = {"student": {1: 1.0, 2: 1.0, 3: 0.3}}
+# The student's level-3 share. At 0.3, an Intel Xeon's build of the student solved 94 % of level 3 greedily where the
+# AMD EPYC build sampled 18 % right, and the same Xeon with ATen's baseline kernels built one at 39 %: the learning
+# curve is that steep there. At 0.1 three float paths on the Xeon (ATen AVX2 / AVX-512 / baseline kernels with MKL's
+# matching branch) gave 27 / 25 / 19 % greedy, 21–27 / 17–20 / 15–17 % sampled.
+LEVEL_WEIGHTS = {"student": {1: 1.0, 2: 1.0, 3: 0.1}}
 # The probability that a clause of a model's SFT solutions is off by one (default 0): the student is careless.
 SLIP = {"student": 0.25}
 # Small batches, many steps: batch 16 × 800 solved levels 1-2 where 32 × 400 reached ~55 % on level 2 (same tokens).
@@ -80,11 +88,16 @@ def new_model(arch: str, tok, seed: int):
     return model
 
 
-def generate(model, tok, rows: list[dict], max_new_tokens: int, batch_size: int = 100) -> list[dict]:
-    """Greedy completions of `rows` by left-padded batches of `model.generate`: [{"text", "n_tokens", "stopped"}],
-    `stopped` = the stop token came before the cap."""
+def generate(model, tok, rows: list[dict], max_new_tokens: int, batch_size: int = 100,
+             sample_seed: int | None = None) -> list[dict]:
+    """Greedy completions of `rows` (or, with `sample_seed`, one sample each at T = 1 from that torch seed) by
+    left-padded batches of `model.generate`: [{"text", "n_tokens", "stopped"}], `stopped` = the stop token came
+    before the cap."""
     import torch
     stop_id, pad_id, out = tok.eos_token_id, tok.pad_token_id, []
+    sampling = {} if sample_seed is None else dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0)
+    if sample_seed is not None:
+        torch.manual_seed(sample_seed)
     for i in range(0, len(rows), batch_size):
         prompts = [prompt_ids(tok, r["problem"]) for r in rows[i:i + batch_size]]
         T = max(map(len, prompts))
@@ -92,7 +105,8 @@ def generate(model, tok, rows: list[dict], max_new_tokens: int, batch_size: int 
         mask_BT = torch.tensor([[0] * (T - len(p)) + [1] * len(p) for p in prompts])
         with torch.no_grad():
             gen_BN = model.generate(input_ids=ids_BT, attention_mask=mask_BT, max_new_tokens=max_new_tokens,
-                                    do_sample=False, eos_token_id=stop_id, pad_token_id=pad_id)[:, T:]
+                                    **(sampling or {"do_sample": False}), eos_token_id=stop_id,
+                                    pad_token_id=pad_id)[:, T:]
         for g in gen_BN.tolist():
             n = g.index(stop_id) + 1 if stop_id in g else len(g)
             out.append({"text": tok.decode(g[:n], skip_special_tokens=True), "n_tokens": n, "stopped": stop_id in g})
@@ -100,19 +114,24 @@ def generate(model, tok, rows: list[dict], max_new_tokens: int, batch_size: int 
 
 
 def evaluate(model, tok, rows: list[dict], style: str) -> dict:
-    """Greedy accuracy (percent, exact integer match) per level, truncation rate, mean new tokens, and the mean
-    log p(<|im_end|>) at the end of the reference solution in `style` (the stop probe of 01_gates)."""
+    """Greedy accuracy (percent, exact integer match) per level, the same for one sample at T = 1 per problem (where
+    the careless student's slips show: its greedy answer takes each clause's most likely value), truncation rate,
+    mean new tokens, and the mean log p(<|im_end|>) at the end of the reference solution in `style` (the stop probe
+    of 01_gates)."""
     import torch
     gens, acc, logps = generate(model, tok, rows, EVAL_CAP), {}, []
+    sampled, acc_sampled = generate(model, tok, rows, EVAL_CAP, sample_seed=SEED), {}
     for level in sorted({r["level"] for r in rows}):
         ok = [extract_int(g["text"]) == int(r["answer"]) for g, r in zip(gens, rows) if r["level"] == level]
         acc[str(level)] = 100.0 * sum(ok) / len(ok)
+        ok = [extract_int(g["text"]) == int(r["answer"]) for g, r in zip(sampled, rows) if r["level"] == level]
+        acc_sampled[str(level)] = 100.0 * sum(ok) / len(ok)
     with torch.no_grad():
         for r in rows[:64]:
             ids = prompt_ids(tok, r["problem"]) + completion_ids(tok, *parse_problem(r["problem"]), style)[:-1]
             logits_V = model(input_ids=torch.tensor([ids])).logits[0, -1].float()
             logps.append(torch.log_softmax(logits_V, -1)[tok.eos_token_id].item())
-    return {"accuracy_by_level": acc, "truncated_frac": sum(not g["stopped"] for g in gens) / len(gens),
+    return {"accuracy_by_level": acc, "sampled_accuracy_by_level": acc_sampled, "truncated_frac": sum(not g["stopped"] for g in gens) / len(gens),
             "mean_new_tokens": sum(g["n_tokens"] for g in gens) / len(gens),
             "logp_stop_at_answer_end": sum(logps) / len(logps), "example": gens[0]["text"]}
 

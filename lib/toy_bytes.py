@@ -40,37 +40,61 @@ def code_digest(source: str, names: set[str] | None = None) -> str:
 
 
 def read_expected(path: Path = EXPECTED) -> tuple[str | None, dict]:
-    """(world hash, {model: sha256}) of the committed file: `# world <hash>` and `<sha256>  <model>` lines."""
+    """(world hash, {CPU model: {model: sha256}}) of the committed file: `# world <hash>`, then per CPU a
+    `# built on <CPU model> (<ISA flags>), …` line and its `<sha256>  <model>` lines."""
     if not path.exists():
         return None, {}
-    text = path.read_text()
-    world = next(iter(re.findall(r"^# world ([0-9a-f]{16})", text, re.M)), None)
-    return world, {name: sha for sha, name in re.findall(r"^([0-9a-f]{64})  (\S+)$", text, re.M)}
+    world, builds, cpu = None, {}, None
+    for line in path.read_text().splitlines():
+        if m := re.match(r"^# world ([0-9a-f]{16})", line):
+            world = m[1]
+        elif m := re.match(r"^# built on (.+?) \(", line):
+            cpu = m[1]
+            builds[cpu] = {}
+        elif (m := re.match(r"^([0-9a-f]{64})  (\S+)$", line)) and cpu is not None:
+            builds[cpu][m[2]] = m[1]
+    return world, builds
 
 
-def check_expected(world: dict, path: Path = EXPECTED) -> tuple[bool, str]:
-    """(whether this build's four models are the committed bytes, one line saying so and what it means)."""
-    committed_world, expected = read_expected(path)
+def check_expected(world: dict, path: Path = EXPECTED) -> tuple[bool | None, str]:
+    """(True: this build's models are the bytes committed for this CPU model; False: they differ; None: nothing is
+    committed for this CPU model, True/False then saying whether another CPU's build matches; one line saying so
+    and what it means)."""
+    committed_world, builds = read_expected(path)
     got = {name: m["safetensors_sha256"] for name, m in world["models"].items()}
+    cpu = world.get("cpu_repro", {}).get("cpu", {}).get("model", "an unknown CPU")
+    if committed_world != world["hash"]:
+        return False, (f"toy world {world['hash']}: {path.name} is for world {committed_world}: the code changed "
+                       "since its bytes were committed; `python -m lib.toy write-sha256` commits this build's")
+    same = [c for c, expected in builds.items() if expected == got]
+    if cpu not in builds:
+        return None, (f"toy world {world['hash']}: nothing committed for this CPU ({cpu}) in {path.name}; "
+                      + (f"the same bytes as the build on {same[0]}" if same else
+                         f"the bytes differ from the builds on {', '.join(builds) or 'no CPU'}")
+                      + ". The pinned math gives the same bytes run after run and on machines of one CPU model, not "
+                        "across vendors; `python -m lib.toy write-sha256` adds this CPU's")
+    expected = builds[cpu]
     differ = [n for n in got if expected.get(n) != got[n]] + sorted(set(expected) - set(got))
     if not differ:
-        return True, f"toy world {world['hash']}: all {len(got)} models match {path.name} (the committed bytes)"
+        return True, f"toy world {world['hash']}: all {len(got)} models match {path.name}'s build on {cpu}"
     short = lambda sha: (sha or "none")[:8] + "…"
     pairs = ", ".join(f"{n} {short(got.get(n))} here vs {short(expected.get(n))} committed" for n in differ)
     missing = [f for f in cpu_repro.REQUIRED_FLAGS if f not in world.get("cpu_repro", {}).get("cpu", {}).get("isa_flags", [])]
-    why = (f"this code builds world {world['hash']}, the file is for {committed_world}: the code changed"
-           if committed_world != world["hash"] else
-           f"same code, but this CPU lacks {'/'.join(missing)}, which the pinned math paths need (lib/cpu_repro.py)"
-           if missing else "same code, so a library version (torch, MKL, libm) rounds differently")
-    return False, (f"toy world: this build DIFFERS from {path.name} ({pairs}); {why}: its campaign numbers will "
-                   f"differ from the README's by that float noise. The world is still used; `python -m lib.toy "
-                   f"write-sha256` commits this build's bytes instead")
+    why = (f"this CPU lacks {'/'.join(missing)}, which the pinned math paths need (lib/cpu_repro.py)" if missing else
+           "so a library version (torch, MKL, libm) rounds differently")
+    return False, (f"toy world: this build DIFFERS from {path.name}'s on the same CPU model ({pairs}); same code, "
+                   f"{why}: its campaign numbers will differ from the README's by that float noise. The world is "
+                   "still used; `python -m lib.toy write-sha256` commits this build's bytes instead")
 
 
 def write_expected(world: dict, path: Path = EXPECTED) -> Path:
+    """This build's bytes as its CPU model's block of `path`, the other CPUs' blocks kept if they are of this world."""
     rec = world["cpu_repro"]
+    committed_world, builds = read_expected(path)
+    old = path.read_text().split("\n# built on ")[1:] if committed_world == world["hash"] else []
+    keep = ["# built on " + b.strip("\n") for b in old if not b.startswith(rec["cpu"]["model"] + " (")]
     lines = ["# sha256 of the toy world's model.safetensors, built by lib/toy.py with the CPU math pinned "
-             "(lib/cpu_repro.py)", f"# world {world['hash']}",
+             "(lib/cpu_repro.py), per CPU model", f"# world {world['hash']}", *keep,
              (f"# built on {rec['cpu']['model']} ({' '.join(rec['cpu']['isa_flags'])}), torch {rec.get('torch')}, "
               f"MKL {rec.get('mkl')}, ATen {rec.get('cpu_capability')}")]
     lines += [f"{m['safetensors_sha256']}  {n}" for n, m in world['models'].items()]

@@ -219,13 +219,17 @@ def test_registry_caps_fit_the_toy_world(world_dir, tok):
 
 def test_world_accuracies(world):
     """Levels seen in training are solved, the unseen level 3 is not (single-digit answers put chance near 10 %),
-    and the shift pre → post carries level 3. The careless student knows level 1, half of the held-out level 2
-    and little of level 3: below π_post on every level of 2-3, the room classic OPD has."""
+    and the shift pre → post carries level 3. The careless student knows level 1, at least half of the held-out
+    level 2 and little of level 3 (greedy); sampled at T = 1, where its slips show, it is below π_post by ≥ 15 pp on
+    levels 2 and 3: the room classic OPD has. (Its greedy level 2 is not held below π_post's: greedy takes each
+    clause's most likely value, and how well it learned that moved 67–93 % with the CPU's rounding.)"""
     acc = {name: m["accuracy_by_level"] for name, m in world["models"].items()}
+    smp = {name: m["sampled_accuracy_by_level"] for name, m in world["models"].items()}
     assert min(acc["pre"]["1"], acc["pre"]["2"]) >= 95 and acc["pre"]["3"] <= 35
     assert acc["post"]["3"] >= 80 and acc["post"]["3"] - acc["pre"]["3"] >= 50
     assert acc["student"]["1"] >= 85 and acc["student"]["2"] >= 50 and acc["student"]["3"] <= 60
-    assert min(acc["post"][lv] - acc["student"][lv] for lv in ("2", "3")) >= 15      # greedy; sampled it slips more
+    assert acc["post"]["3"] - acc["student"]["3"] >= 15
+    assert min(smp["post"][lv] - smp["student"][lv] for lv in ("2", "3")) >= 15
     assert world["models"]["pre"]["truncated_frac"] == 0.0
     assert world["models"]["post-offsupport"]["truncated_frac"] == 1.0
 
@@ -321,26 +325,41 @@ def test_reduced_build_is_deterministic_in_a_hostile_environment(tmp_path, world
 
 
 def test_world_matches_the_committed_sha256(world):
-    """The four models of this machine's build are the committed bytes (lib/toy_world.sha256): the claim that the
-    pinned build is the same on every x86-64 CPU. On a machine where this fails, the build said so in one line."""
-    committed_world, expected = toy_bytes.read_expected()
-    assert sorted(expected) == sorted(toy.MODEL_NAMES)
-    assert {n: m["safetensors_sha256"] for n, m in world["models"].items()} == expected
-    assert world["matches_committed"] is True
+    """The four models of this machine's build are the bytes committed for its CPU model (lib/toy_world.sha256).
+    A CPU model with nothing committed is skipped, naming it: the pinned math repeats run after run and across
+    machines of one CPU model, not across vendors (an Intel Xeon and an AMD EPYC built different bytes)."""
+    committed_world, builds = toy_bytes.read_expected()
+    cpu = world["cpu_repro"]["cpu"]["model"]
+    assert committed_world == world["hash"], "lib/toy_world.sha256 is for another world: `python -m lib.toy write-sha256`"
+    if cpu not in builds:
+        pytest.skip(f"no toy-world bytes committed for this CPU ({cpu}); committed: {sorted(builds)}")
+    assert sorted(builds[cpu]) == sorted(toy.MODEL_NAMES)
+    assert {n: m["safetensors_sha256"] for n, m in world["models"].items()} == builds[cpu]
+    assert toy_bytes.check_expected(world)[0] is True
 
 
 def test_check_expected_says_in_one_line_what_differs(tmp_path, world):
+    cpu = world["cpu_repro"]["cpu"]["model"]
+    got = {n: m["safetensors_sha256"] for n, m in world["models"].items()}
     other = {**world, "models": {n: {**m} for n, m in world["models"].items()}}
     path = toy_bytes.write_expected(other, tmp_path / "toy_world.sha256")
-    assert toy_bytes.read_expected(path) == (world["hash"], {n: m["safetensors_sha256"] for n, m in world["models"].items()})
+    assert toy_bytes.read_expected(path) == (world["hash"], {cpu: got})
     assert toy_bytes.check_expected(other, path)[0] is True
     other["models"]["student"]["safetensors_sha256"] = "0" * 64
     ok, line = toy_bytes.check_expected(other, path)
-    assert not ok and "\n" not in line and "student 00000000… here" in line
-    assert f"vs {world['models']['student']['safetensors_sha256'][:8]}… committed" in line and "pre " not in line
+    assert ok is False and "\n" not in line and "student 00000000… here" in line
+    assert f"vs {got['student'][:8]}… committed" in line and "pre " not in line
     assert "rounds differently" in line and "still used" in line
     ok, line = toy_bytes.check_expected({**other, "hash": "f" * 16}, path)
-    assert not ok and "the code changed" in line
+    assert ok is False and "the code changed" in line
+    # another CPU model: nothing committed for it (None), said in one line, then its block added beside this one's
+    elsewhere = {**world, "cpu_repro": {**world["cpu_repro"], "cpu": {**world["cpu_repro"]["cpu"], "model": "Other CPU"}}}
+    ok, line = toy_bytes.check_expected(elsewhere, path)
+    assert ok is None and "nothing committed for this CPU (Other CPU)" in line and "\n" not in line
+    assert f"the same bytes as the build on {cpu}" in line
+    toy_bytes.write_expected(other | {"cpu_repro": elsewhere["cpu_repro"]}, path)
+    assert toy_bytes.read_expected(path)[1] == {cpu: got, "Other CPU": {**got, "student": "0" * 64}}
+    assert toy_bytes.check_expected(elsewhere, path)[0] is False and toy_bytes.check_expected(world, path)[0] is True
 
 
 def test_world_hash_ignores_prose_and_code_the_build_does_not_use():
@@ -366,4 +385,4 @@ def test_full_rebuild_is_byte_identical(tmp_path, world):
     other = json.loads((tmp_path / "toy" / world["hash"] / "world.json").read_text())
     for name in toy.MODEL_NAMES:
         assert other["models"][name]["safetensors_sha256"] == world["models"][name]["safetensors_sha256"], name
-    assert other["matches_committed"] is True and "match toy_world.sha256" in out.stdout
+    assert other["matches_committed"] == toy_bytes.check_expected(world)[0]
