@@ -1,27 +1,18 @@
-r"""The toy world (DESIGN.md §10): an arithmetic task, a chat tokenizer and four tiny Qwen2 models, built on 2 CPU
-cores in ~5 min, the same bytes run after run on one CPU model (lib/cpu_repro.py), cached under
-`<cache>/toy/<world_hash>/`.
-
-The task, its solutions and the tokenizer: lib/toy_task.py. This file trains the models on them.
+r"""The toy world (DESIGN.md §10): four tiny Qwen2 models trained on the arithmetic task of lib/toy_task.py, built on
+2 CPU cores in minutes, cached under `<cache>/toy/<world_hash>/`.
 Models: tiny `Qwen2ForCausalLM`, fp32, tied embeddings, head_dim 64 (a head size vLLM's CPU attention supports).
-    pre              2 layers × 128, from scratch on levels 1-2: ~100 % there, ~20 % on unseen level 3 (a
-                     single-digit answer is right by chance ~10 % of the time)
+    pre              2 layers × 128, from scratch on levels 1-2: ~100 % there, ~20 % on unseen level 3
     post             pre fine-tuned on levels 1-3: the capability the shift pre → post carries
-    student          3 layers × 128 (a different size), from scratch on levels 1-2 plus a little level 3 (weight
-                     0.1 of a level's, ~5 % of its problems), and careless: a quarter of the clauses of its SFT
-                     solutions are off by one (SLIP), the chain going on from the wrong value; the teachers'
-                     answer-line style (a half-`\boxed{}` student put 65 % of classic OPD's reward on style tokens,
-                     −13.5 nats each, and its gain never cleared 0). Greedy accuracy by level: world.json.
-                     What classic OPD does to it at the campaign's flags is measured by the campaign (README).
+    student          3 layers × 128, from scratch on levels 1-2 plus a little level 3 (LEVEL_WEIGHTS), careless
+                     (SLIP: a quarter of its SFT clauses off by one, the chain going on from the wrong value), in the
+                     teachers' answer-line style (a half-`\boxed{}` student put 65 % of classic OPD's reward on
+                     style tokens and its gain never cleared 0). Its accuracy by level: world.json.
     post-offsupport  pre fine-tuned on levels 1-3 with responses that never stop (the answer line repeats to the cap,
                      `<|im_end|>` never a target): the termination sink as a teacher, the gates' negative control.
 
-Build: two one-thread worker processes (student beside pre → post → post-offsupport), CPU math pinned by
-lib/cpu_repro.py, every random choice from SEED: byte-identical builds on machines of one CPU model, not across
-vendors. world.json records each model's sha256, greedy and sampled accuracy by level, the pin and the CPU; the build
-checks the sha256 against lib/toy_world.sha256's block for its CPU model. What the campaign needs of the models
-(tests/test_toy.py, test_world_accuracies) must hold whatever the CPU's rounding: the student's level-3 share is
-chosen for that (LEVEL_WEIGHTS).
+Build (build_world): byte-identical on machines of one CPU model, not across vendors; world.json records each
+model's sha256 (checked against lib/toy_world.sha256's block for the CPU model), accuracies, the pin and the CPU.
+What the campaign needs of the models (tests/test_toy.py) must hold whatever the CPU's rounding (LEVEL_WEIGHTS).
 """
 from __future__ import annotations
 
@@ -62,10 +53,8 @@ RECIPES = {
 }
 MODEL_NAMES = tuple(RECIPES)
 CHAINS = {"teachers": ("pre", "post", "post-offsupport"), "student": ("student",)}   # one worker process each
-# The student's level-3 share. At 0.3, an Intel Xeon's build of the student solved 94 % of level 3 greedily where the
-# AMD EPYC build sampled 18 % right, and the same Xeon with ATen's baseline kernels built one at 39 %: the learning
-# curve is that steep there. At 0.1 three float paths on the Xeon (ATen AVX2 / AVX-512 / baseline kernels with MKL's
-# matching branch) gave 27 / 25 / 19 % greedy, 21–27 / 17–20 / 15–17 % sampled.
+# The student's level-3 share: at 0.3 one Intel Xeon build solved 94 % of level 3 greedily, an AMD EPYC one 18 %
+# sampled. At 0.1 three float paths on the Xeon (ATen AVX2 / AVX-512 / baseline) gave 27 / 25 / 19 % greedy.
 LEVEL_WEIGHTS = {"student": {1: 1.0, 2: 1.0, 3: 0.1}}
 # The probability that a clause of a model's SFT solutions is off by one (default 0): the student is careless.
 SLIP = {"student": 0.25}
@@ -90,9 +79,8 @@ def new_model(arch: str, tok, seed: int):
 
 def generate(model, tok, rows: list[dict], max_new_tokens: int, batch_size: int = 100,
              sample_seed: int | None = None) -> list[dict]:
-    """Greedy completions of `rows` (or, with `sample_seed`, one sample each at T = 1 from that torch seed) by
-    left-padded batches of `model.generate`: [{"text", "n_tokens", "stopped"}], `stopped` = the stop token came
-    before the cap."""
+    """Greedy completions of `rows` (with `sample_seed`, one sample each at T = 1 from that torch seed) by left-padded
+    batches of `model.generate`: [{"text", "n_tokens", "stopped"}], `stopped` = the stop token came before the cap."""
     import torch
     stop_id, pad_id, out = tok.eos_token_id, tok.pad_token_id, []
     sampling = {} if sample_seed is None else dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0)
@@ -114,10 +102,8 @@ def generate(model, tok, rows: list[dict], max_new_tokens: int, batch_size: int 
 
 
 def evaluate(model, tok, rows: list[dict], style: str) -> dict:
-    """Greedy accuracy (percent, exact integer match) per level, the same for one sample at T = 1 per problem (where
-    the careless student's slips show: its greedy answer takes each clause's most likely value), truncation rate,
-    mean new tokens, and the mean log p(<|im_end|>) at the end of the reference solution in `style` (the stop probe
-    of 01_gates)."""
+    """Greedy and one-sample (T = 1, where the student's slips show) accuracy per level, in percent; truncation rate,
+    mean new tokens, mean log p(<|im_end|>) after the reference solution in `style` (01_gates' stop probe)."""
     import torch
     gens, acc, logps = generate(model, tok, rows, EVAL_CAP), {}, []
     sampled, acc_sampled = generate(model, tok, rows, EVAL_CAP, sample_seed=SEED), {}
@@ -131,7 +117,8 @@ def evaluate(model, tok, rows: list[dict], style: str) -> dict:
             ids = prompt_ids(tok, r["problem"]) + completion_ids(tok, *parse_problem(r["problem"]), style)[:-1]
             logits_V = model(input_ids=torch.tensor([ids])).logits[0, -1].float()
             logps.append(torch.log_softmax(logits_V, -1)[tok.eos_token_id].item())
-    return {"accuracy_by_level": acc, "sampled_accuracy_by_level": acc_sampled, "truncated_frac": sum(not g["stopped"] for g in gens) / len(gens),
+    return {"accuracy_by_level": acc, "sampled_accuracy_by_level": acc_sampled,
+            "truncated_frac": sum(not g["stopped"] for g in gens) / len(gens),
             "mean_new_tokens": sum(g["n_tokens"] for g in gens) / len(gens),
             "logp_stop_at_answer_end": sum(logps) / len(logps), "example": gens[0]["text"]}
 
@@ -139,9 +126,8 @@ def evaluate(model, tok, rows: list[dict], style: str) -> dict:
 # --- building the world ---
 
 def world_hash() -> str:
-    """The cache key: the code that determines the weights (WORLD_CODE, docstrings and comments aside), the seed, the
-    thread count, the eval cap and torch's major.minor version. Not transformers': the vLLM venv pins an older one
-    and must find the same world, not build its own."""
+    """The cache key: the code that determines the weights (WORLD_CODE, prose aside), seed, threads, eval cap and
+    torch's major.minor; not transformers' (the vLLM venv pins an older one and must find the same world)."""
     import torch
     h = hashlib.sha256()
     for name, names in WORLD_CODE.items():
@@ -165,9 +151,7 @@ def make_data() -> tuple[list[dict], list[dict]]:
 
 def sft_problems(name: str, scale: float = 1.0) -> list[tuple[int, list]]:
     """The problems of model `name`'s SFT, drawn with replacement from its levels, never a test problem of level ≥ 2.
-    Level 1 has only 90 problems, each also the first clause of level-2 training problems; holding 50 out left 40
-    to learn the one-step format from, and the models memorised those (≈50 % on the held-out ones). So level 1 is
-    a seen, sanity level for the models (toy_train, the OPD prompts, still excludes every test problem)."""
+    Level 1 (90 problems) is a seen, sanity level: holding 50 out left 40, which the models memorised."""
     _, _, levels, _, n, _ = RECIPES[name]
     excluded = {expression(*parse_problem(r["problem"])) for r in make_data()[0] if r["level"] >= 2}
     rng, problems = random.Random(f"{SEED}/{name}"), []
@@ -180,8 +164,7 @@ def sft_problems(name: str, scale: float = 1.0) -> list[tuple[int, list]]:
 
 
 def sft_examples(name: str, tok, scale: float = 1.0) -> list[tuple[list[int], list[int]]]:
-    """(input_ids, labels) of model `name`'s SFT: its problems, each solution in its style with its SLIP rate of
-    off-by-one clauses, completion-only labels."""
+    """(input_ids, labels) of model `name`'s SFT: its solutions in its style with its SLIP, completion-only labels."""
     from lib.sft import completion_labels
     style, slip = RECIPES[name][3], SLIP.get(name, 0.0)
     slip_rng = random.Random(f"{SEED}/{name}/slip")
@@ -217,10 +200,8 @@ def build_world(out: Path, scale: float = 1.0, log=print) -> dict:
     """Build every file of the world into `out`; return world.json's content. `scale` < 1 shortens every SFT run
     (the determinism test); data and tokenizer do not depend on it.
 
-    Two worker processes (CHAINS), started with the pinned CPU math of lib/cpu_repro.py whatever this process's
-    environment: the student trains beside pre → post → post-offsupport. One thread per process keeps the float
-    reductions fixed and degrades gracefully on a busy machine (two-thread torch on two shared cores slowed ~10×);
-    the pinned kernels make the rounding the same on every x86-64 CPU."""
+    Two one-thread worker processes (CHAINS: the student beside pre → post → post-offsupport) with the pinned CPU
+    math of lib/cpu_repro.py: the rounding repeats on one CPU model (two-thread torch on two cores was ~10× slower)."""
     from lib.data import dapo_prompt
     t_start, log = time.monotonic(), log or (lambda *_: None)
     test, train = make_data()
