@@ -151,7 +151,7 @@ def make_data() -> tuple[list[dict], list[dict]]:
 
 def sft_problems(name: str, scale: float = 1.0) -> list[tuple[int, list]]:
     """The problems of model `name`'s SFT, drawn with replacement from its levels, never a test problem of level ≥ 2.
-    Level 1 (90 problems) is a seen, sanity level: holding 50 out left 40, which the models memorised."""
+    Level 1 (90 problems) is a seen, sanity level: held out, 50 of them scored ≈50 %: the 40 left were memorised."""
     _, _, levels, _, n, _ = RECIPES[name]
     excluded = {expression(*parse_problem(r["problem"])) for r in make_data()[0] if r["level"] >= 2}
     rng, problems = random.Random(f"{SEED}/{name}"), []
