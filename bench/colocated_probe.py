@@ -1,8 +1,9 @@
 """bench/colocated_probe.py — 03_opd_train.py run unchanged in this process, colocated vLLM's calls timed (issue 14).
 
-    python3 bench/colocated_probe.py PROBE.jsonl 03_opd_train.py --backend vllm …     (or PROBE=… vllm_colocated.sh)
+    python3 bench/colocated_probe.py PROBE.jsonl 03_opd_train.py --backend vllm …
+    PROBE=1 bash bench/device.sh colocated       (the colocated step of bench/RESULTS.md, rows in $OUT/vllm_probe.jsonl)
 
-Wraps lib.sampling_vllm.VLLMEngine's wake_up, update_weights, generate and sleep, and the engine's own
+Wraps lib.sample.vllm_engine.VLLMEngine's wake_up, update_weights, generate and sleep, and the engine's own
 LLM.generate inside `generate`: each call appends {"call", "seconds", "gc_s", "cpu_s", "proc_cpu_s", "host_busy",
 "steal_s", "host_ms"} to PROBE.jsonl:
 - seconds: between device syncs; gc_s: inside Python's garbage collector meanwhile;
@@ -102,8 +103,8 @@ def timed(fn, name, out: Path):
 def main():
     out, script, rest = Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
     gc.callbacks.append(_gc_hook)
-    from lib import sampling_vllm
-    E = sampling_vllm.VLLMEngine
+    from lib.sample import vllm_engine
+    E = vllm_engine.VLLMEngine
     for name in ("wake_up", "update_weights", "sleep"):
         setattr(E, name, timed(getattr(E, name), name, out))
     extra = json.loads(os.environ.get("PROBE_LLM_KWARGS", "{}"))

@@ -1,4 +1,4 @@
-"""bench/decode_attn.py — lib/decode_triton.py's split-K decode attention alone, over tilings (issue 15).
+"""bench/decode_attn.py — lib/sample/decode_triton.py's split-K decode attention alone, over tilings (issue 15).
 
 For each case S:T:p (S slots, a cache of T positions, every slot decoding at position p; the 1.5B shape's 12 query
 and 2 kv heads of 128 unless --heads says otherwise) and each tiling c<chunk>b<block>w<warps>[s<stages>][x]
@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from lib.decode_triton import SplitAttention  # noqa: E402
+from lib.sample.decode_triton import SplitAttention  # noqa: E402
 
 TILINGS = ("c64b64w4s1,c64b64w4s2,c128b32w4,c256b32w4s4,c128b64w4s2,c256b64w4,"                    # pointer loads
            "c64b64w4x,c128b32w4x,c256b32w4s4x,c512b32w4s4x,c128b64w8x,c256b64w8x,c256b64w4x,c512b64w8s4x")  # tma

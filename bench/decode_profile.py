@@ -1,4 +1,4 @@
-"""bench/decode_profile.py — where one decode step of lib/decode.py spends its time, kernel by kernel (issue 15).
+"""bench/decode_profile.py — where one decode step of lib/sample/decode.py spends its time, kernel by kernel (issue 15).
 
 Builds the decoder at a real shape with random weights, prefills B random prompts of P tokens, then puts every slot
 at position --at (the token being decoded) and replays the captured step: --reps replays timed with CUDA events
@@ -8,7 +8,7 @@ Prints, per variant, µs per step, the bound (every weight + every slot's KV cac
 
 Variants (`--variants`, comma-separated): `ours` (the CUDA defaults), `eagerdraw` (ours with the draw not compiled),
 `autotune` (the layer blocks compiled with mode max-autotune-no-cudagraphs: Inductor times its GEMM templates
-against cuBLAS per shape), `g:GEMMS` (GEMMs by lib/skinny_gemm.py: bench/skinny_gemm.py's spec,
+against cuBLAS per shape), `g:GEMMS` (GEMMs by lib/sample/skinny_gemm.py: bench/skinny_gemm.py's spec,
 e.g. g:qkv=n64k128s4w4+o=n32k128s4w4, or g:none for cuBLAS throughout) and attention tilings
 `c<chunk>b<block>w<warps>[s<stages>][x]` (e.g. c256b64w4x), passed to SplitAttention.
 
@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench.decode_attn import tiling  # noqa: E402
 from bench.profile_step import kernel_class  # noqa: E402
-from lib.decode import Decoder  # noqa: E402
+from lib.sample.decode import Decoder  # noqa: E402
 from bench.rollout import SHAPES  # noqa: E402  (lib/shapes.py's real shapes and bench/rollout.py's tiny one)
 
 

@@ -1,7 +1,7 @@
 """The fault-probe scorecard of issue 17: 42 fault, tampering, bad-input and concurrency probes on the toy world (CPU).
 
 Each probe is a small real scenario in a scratch folder of its own: the stage scripts (03_opd_train, 04_eval,
-05_stats, 07_raft, campaign.sh) and lib.grading run as subprocesses, every command under a hard timeout. Faults come
+05_stats, 07_raft, campaign.sh) and lib.eval.grading run as subprocesses, every command under a hard timeout. Faults come
 from outside where that is possible (SIGKILL / SIGTERM by pid, a flipped byte, a malformed file, a second process, a
 full tmpfs), and through 03's kill hooks (`OPD_KILL_AT=point:step`, `OPD_HANG_AT`) at the points of the checkpoint
 sequence that no outside timing hits reliably. Training runs are 4 steps × 8 prompts × 2 rollouts, checkpoints at
@@ -345,14 +345,14 @@ def grading_caller_killed(sig, d):
 
 
 for sig in (signal.SIGKILL, signal.SIGTERM):
-    add(f"grading-caller-{sig.name.lower()}", "2 grading", "2", f"a lib.grading caller killed by {sig.name} while "
+    add(f"grading-caller-{sig.name.lower()}", "2 grading", "2", f"a lib.eval.grading caller killed by {sig.name} while "
         f"its worker is stuck on {TOWER}: no worker outlives it", partial(grading_caller_killed, sig))
 
 
-@probe("grading-pathological-item-bounded", "2 grading", "held", f"lib.grading on {TOWER} with a 2 CPU-s bound: a "
+@probe("grading-pathological-item-bounded", "2 grading", "held", f"lib.eval.grading on {TOWER} with a 2 CPU-s bound: a "
        "'timeout' verdict within the bound, and the next item is graded at once")
 def grading_bounded(d):
-    code = ("import json, time\nfrom lib.grading import grade\ngrade('Answer: 1', '1')\nt0 = time.time()\n"
+    code = ("import json, time\nfrom lib.eval.grading import grade\ngrade('Answer: 1', '1')\nt0 = time.time()\n"
             f"r = grade('Answer: {TOWER}', '1', timeout_s=2.0)\nt1 = time.time()\nn = grade('Answer: 2', '2')\n"
             "print(json.dumps({'reason': r.reason, 'correct': r.correct, 'cpu_s': r.cpu_s, 'took': t1 - t0,"
             " 'next': n.correct, 'next_s': time.time() - t1}))")

@@ -1,5 +1,5 @@
-"""bench/kernel_resources.py — registers and shared memory of lib/decode_triton.py's split kernel for Hopper (sm_90),
-compiled on any machine, no GPU needed (Triton's bundled ptxas and cuobjdump).
+"""bench/kernel_resources.py — registers and shared memory of lib/sample/decode_triton.py's split kernel for Hopper
+(sm_90), compiled on any machine, no GPU needed (Triton's bundled ptxas and cuobjdump).
 
 The launch a GPU would make is reproduced: the same constexprs, and 16-byte divisibility on exactly the pointer and
 integer arguments that Triton's launcher would mark so (the 1.5B cache shape's strides by default), so the counts
@@ -24,7 +24,7 @@ from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.decode_attn import tiling  # noqa: E402
-from lib.decode_triton import _split_kernel  # noqa: E402
+from lib.sample.decode_triton import _split_kernel  # noqa: E402
 
 POINTERS = {"POS": "*i64", "PO": "*fp32", "PM": "*fp32", "PL": "*fp32"}          # the rest: the cache dtype
 

@@ -20,9 +20,9 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import lib.linear_logratio as LL      # noqa: E402
-import lib.logratio_triton as KT      # noqa: E402
-from lib import logratio as L         # noqa: E402
+from lib.kernels import logratio as L         # noqa: E402
+import lib.kernels.linear_logratio as LL      # noqa: E402
+import lib.kernels.logratio_triton as KT      # noqa: E402
 
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ap.add_argument("--ns", type=int, nargs="+", default=[4096, 16384], help="rows N = B·T")

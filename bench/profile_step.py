@@ -33,9 +33,10 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench.step_floor import measure_rates                         # noqa: E402
-from bench.train_step import build                                  # noqa: E402
-from lib import dist as D, opd, varlen                              # noqa: E402
-from lib.scoring import TokenScorer, micro_batch_plan, pack, regroup  # noqa: E402
+from bench.update_phase import build                                # noqa: E402
+from lib.kernels import varlen
+from lib.train import dist as D, opd                              # noqa: E402
+from lib.train.scoring import TokenScorer, micro_batch_plan, pack, regroup  # noqa: E402
 
 CLASSES = [("attention", ("flash", "fmha", "attention", "sdpa")), ("matmul", ("gemm", "cutlass", "nvjet", "sm90",
            "cublas", "ampere", "xmma")), ("triton", ("triton",)), ("collective", ("nccl", "all_gather", "reduce_scat")),

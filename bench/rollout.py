@@ -1,5 +1,5 @@
-"""Rollout throughput at the real shapes: lib/decode.py's decoder (its current and its previous configuration, and
-ablations), vLLM and transformers `generate`, side by side in one process run, random weights, no early stop.
+"""Rollout throughput at the real shapes: lib/sample/decode.py's decoder (its current and its previous configuration,
+and ablations), vLLM and transformers `generate`, side by side in one process run, random weights, no early stop.
 
     python bench/rollout.py --check --out results.jsonl                  (one H200: every shape, length, B, method)
     python bench/rollout.py --shapes qwen2.5-1.5b --lengths 256+400 --batches 256 --slots 64,128,256 --methods ours
@@ -14,17 +14,17 @@ row, one row each (`rep`), for the spread within one process.
 
 Methods: `ours` (the decoder's CUDA defaults: fused q|k|v and gate|up GEMMs, compiled layer blocks, Triton split-K
 attention over the live length, the fast draw's two-level search, the draw compiled whole), `ours_prev` (the
-configuration before them: bench/RESULTS.md's run 2), `ours_exact` (ours with exact Gumbel-max draws), ablations
-`ours_nofuse`, `ours_nocompile`, `ours_matmul`, `ours_plaindraw`, `ours_eagerdraw` (ours with one optimization off),
-`ours_autotune` (the blocks compiled with mode max-autotune-no-cudagraphs: minutes of compile per slot count), `vllm`
-(vLLM's LLM on the same random weights, saved with save_pretrained; one engine per shape, started after the other
-methods and freed before the next shape; in this process, as lib/sampling_vllm.py runs it, unless
+configuration before them: bench/RESULTS.md §6, decoder run 2), `ours_exact` (ours with exact Gumbel-max draws),
+ablations `ours_nofuse`, `ours_nocompile`, `ours_matmul`, `ours_plaindraw`, `ours_eagerdraw` (ours with one optimization
+off), `ours_autotune` (the blocks compiled with mode max-autotune-no-cudagraphs: minutes of compile per slot count),
+`vllm` (vLLM's LLM on the same random weights, saved with save_pretrained; one engine per shape, started after the other
+methods and freed before the next shape; in this process, as lib/sample/vllm_engine.py runs it, unless
 `--vllm-multiprocess`; no seed, no log-probs) and its variants in VLLM_VARIANTS: `vllm_seeded` (as
-lib/sampling_vllm.py asks it to: a seed per request and the sampled token's raw log-prob), `vllm_seeded_nolp` (seeds,
-no log-probs), `vllm_seeded_lp4` (seeds, the log-prob on every 4th request only: 03's --logprob-gap-every),
+lib/sample/vllm_engine.py asks it to: a seed per request and the sampled token's raw log-prob), `vllm_seeded_nolp`
+(seeds, no log-probs), `vllm_seeded_lp4` (seeds, the log-prob on every 4th request only: 03's --logprob-gap-every),
 `generate_static`, `generate_dynamic` (transformers). An ours* method followed by `@TILING` (bench/decode_attn.py's
 grammar, e.g. `ours@c256b64w4x`) runs with that attention tiling; followed by `%GEMMS` (bench/skinny_gemm.py's, e.g.
-`ours%qkv=n64k128s4w4`), with those GEMMs by lib/skinny_gemm.py's Triton kernel. A method that fails prints a row
+`ours%qkv=n64k128s4w4`), with those GEMMs by lib/sample/skinny_gemm.py's Triton kernel. A method that fails prints a row
 with its error and the run goes on.
 
 Bandwidth bound (what a decode step must at least read: every weight once, every sequence's KV cache once):
@@ -50,12 +50,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from lib.decode import Decoder  # noqa: E402
+from lib.sample.decode import Decoder  # noqa: E402
 from lib.shapes import SHAPES as REAL  # noqa: E402
 
 SHAPES = REAL | {"tiny": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
                               num_key_value_heads=2, vocab_size=512)}      # for a CPU smoke run of this script
-VARIANTS = {   # decoder options per method (mode + the switches lib/decode.py documents); {} = its defaults
+VARIANTS = {   # decoder options per method (mode + the switches lib/sample/decode.py documents); {} = its defaults
     "ours": dict(mode="fast"), "ours_exact": dict(mode="exact"),
     "ours_prev": dict(mode="fast", fuse_gemms=False, compile_step=False, attn_impl="matmul", draw_blocked=False),
     "ours_nofuse": dict(mode="fast", fuse_gemms=False), "ours_nocompile": dict(mode="fast", compile_step=False),
@@ -83,7 +83,7 @@ def parse(argv=None):
     p.add_argument("--vllm-warmup-tokens", type=int, default=64, help="new tokens of vLLM's untimed call (its "
                    "graphs are captured at start; the other methods' untimed call is the timed one's twin)")
     p.add_argument("--vllm-multiprocess", action="store_true", help="vLLM's engine core in its own process (vLLM's "
-                   "default); without it the engine runs in this process, as lib/sampling_vllm.py runs it")
+                   "default); without it the engine runs in this process, as lib/sample/vllm_engine.py runs it")
     p.add_argument("--bandwidth", type=float, default=4.3e12, help="bytes/s for the bound")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="torch device")
     p.add_argument("--repeats", type=int, default=1, help="timed calls per method and case (one row each), after "
@@ -117,7 +117,7 @@ def emit(row: dict):
 
 def variant(name: str) -> dict | None:
     """An ours* method's decoder options (`base@tiling`: the base's, with that attention tiling; `base%GEMMS`: with
-    those GEMMs by lib/skinny_gemm.py, bench/skinny_gemm.py's spec), else None."""
+    those GEMMs by lib/sample/skinny_gemm.py, bench/skinny_gemm.py's spec), else None."""
     name, _, g = name.partition("%")
     base, _, t = name.partition("@")
     if base not in VARIANTS:

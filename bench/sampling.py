@@ -1,10 +1,10 @@
-"""Rollout throughput: lib.sampling's `hf` backend vs plain `model.generate` vs transformers' `generate_batch`.
+"""Rollout throughput: lib.sample.engine's `hf` backend vs plain `model.generate` vs transformers' `generate_batch`.
 
 A random-init Qwen2-architecture model of a named shape samples `--n-seqs` sequences × `--new-tokens` new tokens
 from random prompts of `--prompt-len` tokens. The stop id is unreachable (= vocab size), so every method does the
 same work: n_seqs × new_tokens tokens. Each method runs once untimed on a small case (warm-up), then timed.
 
-    hf             lib.sampling.sample: lib/decode.py's loop (fast inverse-CDF draws, per-request seeds)
+    hf             lib.sample.engine.sample: lib/sample/decode.py's loop (fast inverse-CDF draws, per-request seeds)
     hf_greedy      the same engine at T = 0 (the draw's cost = hf − hf_greedy)
     generate       model.generate(do_sample=True, temperature, top_p): transformers' own multinomial sampler
     generate_batch model.generate_batch (continuous batching, paged KV cache; return_logprobs=True)
@@ -12,7 +12,7 @@ same work: n_seqs × new_tokens tokens. Each method runs once untimed on a small
 CPU:  python bench/sampling.py --shape toy --threads 1
 GPU:  python bench/sampling.py --shape qwen2.5-1.5b            (bf16 on cuda, 64 × 256: the DESIGN.md §12 setting)
 
-The decode loop this note once proposed is lib/decode.py (HFEngine's engine since issue 15); bench/rollout.py
+The decode loop this note once proposed is lib/sample/decode.py (HFEngine's engine since issue 15); bench/rollout.py
 measures it against `generate` at the real shapes on the GPU.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from lib.sampling import HFEngine, sample  # noqa: E402
+from lib.sample.engine import HFEngine, sample  # noqa: E402
 
 SHAPES = {   # Qwen2 architecture at each shape (smollm2-135m: SmolLM2's sizes, though SmolLM2 itself is a Llama)
     "toy": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,

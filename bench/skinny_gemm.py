@@ -1,5 +1,5 @@
 """bench/skinny_gemm.py — the decode step's four GEMMs (q|k|v, o_proj, gate|up, down) at M = slots rows: cuBLAS
-against lib/skinny_gemm.py's Triton partials over a sweep of tilings, against the bandwidth floor (issue 15).
+against lib/sample/skinny_gemm.py's Triton partials over a sweep of tilings, against the bandwidth floor (issue 15).
 
 For each shape, projection and M: `--layers` distinct copies of the (N, K) bf16 weight (one per layer: a model does
 not re-read one layer's weights from L2), one CUDA graph of one call per copy, replayed `--reps` times; µs per call
@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from lib.sample.skinny_gemm import linear, skinny_partials, tiling  # noqa: E402
 from lib.shapes import SHAPES  # noqa: E402
-from lib.skinny_gemm import linear, skinny_partials, tiling  # noqa: E402
 
 
 def spec(s: str) -> dict:
@@ -40,7 +40,7 @@ def spec(s: str) -> dict:
 
 
 def projections(shape: dict) -> dict:
-    """name → (N, K, bias) of the decoder's four GEMMs (lib/decode_step.py's fused q|k|v and gate|up)."""
+    """name → (N, K, bias) of the decoder's four GEMMs (lib/sample/decode_step.py's fused q|k|v and gate|up)."""
     E, I, H, Hkv = (shape[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads",
                                        "num_key_value_heads"))
     D = shape.get("head_dim") or E // H

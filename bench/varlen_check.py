@@ -1,7 +1,7 @@
-"""bench/varlen_check.py — on a CUDA machine: PyTorch's varlen_attn, called as lib/varlen.py calls it, against the
-per-sequence SDPA reference in fp32 (forward and the three input gradients), with 2 and with 12 KV heads for 12 query
-heads (grouped-query and plain), lengths 37, 200, 1, 129. Prints the installed signature and the keyword arguments
-lib/varlen.py derived from it, then the largest differences (bf16 kernel vs fp32 reference).
+"""bench/varlen_check.py — on a CUDA machine: PyTorch's varlen_attn, called as lib/kernels/varlen.py calls it, against
+the per-sequence SDPA reference in fp32 (forward and the three input gradients), with 2 and with 12 KV heads for 12
+query heads (grouped-query and plain), lengths 37, 200, 1, 129. Prints the installed signature and the keyword
+arguments lib/kernels/varlen.py derived from it, then the largest differences (bf16 kernel vs fp32 reference).
 
     python3 bench/varlen_check.py
 """
@@ -10,7 +10,7 @@ sys.path.insert(0, ".")
 print("torch", torch.__version__, "transformers", transformers.__version__)
 from torch.nn.attention.varlen import varlen_attn
 print("varlen_attn", inspect.signature(varlen_attn))
-from lib import varlen
+from lib.kernels import varlen
 print("kwargs used", varlen._VARLEN_KW)
 torch.manual_seed(0)
 lens = [37, 200, 1, 129]

@@ -1,7 +1,7 @@
-"""The colocated vLLM engine's smoke checks on a GPU (issue 14), through the project's own lib/sampling_vllm.py.
+"""The colocated vLLM engine's smoke checks on a GPU (issue 14), through the project's own lib/sample/vllm_engine.py.
 
-Run on the GPU machine with vLLM importable (bench/RESULTS.md says how it was installed offline), before
-bench/vllm_colocated.sh's 20 training steps:
+Run on the GPU machine with vLLM importable (bench/device.sh's vllm-install part installs it offline), before
+the 20 colocated training steps (`bash bench/device.sh vllm-smoke colocated` runs both):
 
     python3 bench/vllm_smoke.py --out $OUT/vllm_smoke.json
 
@@ -67,8 +67,8 @@ def main() -> int:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from lib import qwen_tokenizer
-    from lib.sampling import sample
-    from lib.sampling_vllm import VLLMEngine
+    from lib.sample.engine import sample
+    from lib.sample.vllm_engine import VLLMEngine
 
     tok = qwen_tokenizer.build("qwen2.5")
     torch.manual_seed(0)

@@ -1,4 +1,4 @@
-"""bench/train_step.py — the update phase of 03_opd_train against a plain Hugging Face forward+backward, one run.
+"""bench/update_phase.py — the update phase of 03_opd_train against a plain Hugging Face forward+backward, one run.
 
 Both sides see the same randomly initialised Qwen2.5-shaped model (lib/shapes.py) and the same B × T tokens:
   hf        AutoModelForCausalLM(labels=…) forward + backward, bf16 weights, gradient checkpointing on/off
@@ -7,8 +7,8 @@ Both sides see the same randomly initialised Qwen2.5-shaped model (lib/shapes.py
             student log-probs → PPO clipped surrogate + k3 KL → backward, checkpointing on/off
 MFU = 6 · n_params · tokens / time / peak (dense bf16 peak: --peak-tflops, default 989 for H100/H200).
 
-    python bench/train_step.py --shape qwen2.5-1.5b --batch 16 --seq 1024      # GPU
-    python bench/train_step.py --shape tiny --batch 2 --seq 64                   # CPU smoke
+    python bench/update_phase.py --shape qwen2.5-1.5b --batch 16 --seq 1024      # GPU
+    python bench/update_phase.py --shape tiny --batch 2 --seq 64                   # CPU smoke
 """
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from lib import dist as D, opd                           # noqa: E402
-from lib.scoring import TokenScorer, pack                # noqa: E402
+from lib.train import dist as D, opd                           # noqa: E402
+from lib.train.scoring import TokenScorer, pack                # noqa: E402
 
 
 def build(shape: str, dtype, device):
