@@ -2,16 +2,16 @@
 
 Gates, in order (each writes gates/<gate>.json + a short gates/<gate>.md):
     tokenizer      student, π_pre, π_post: every ordinary id means the same bytes; differing special ids listed with
-                   both strings; embedding padding warned; 500 strings round-trip identically       (lib/gates.py)
+                   both strings; embedding padding warned; 500 strings round-trip identically      (lib/gates/checks.py)
     prompt_length  the training prompts under the student's chat template vs the prompt cap: max, histogram, every
-                   id over the cap                                                                 (lib/gates.py)
+                   id over the cap                                                                 (lib/gates/checks.py)
     context        for each model × (benchmark, protocol) it is evaluated on, and for training: longest rendered
-                   prompt + cap ≤ max_position_embeddings                                          (lib/gates.py)
+                   prompt + cap ≤ max_position_embeddings                                          (lib/gates/checks.py)
     template       rendered tail ends with the assistant header; injected system prompt; eos/pad/stop ids
-                                                                                   (lib/chat_template.py)
+                                                                                            (lib/gates/chat_template.py)
     anatomy        sample the student on an evenly spaced prompt subset (training rollout settings), score the sampled
-                   tokens under π_pre, π_post and the student with lib/scoring.py (the training loop's code) and
-                   report the shift anatomy; FAIL on an anti-EOS pair or a vanishing shift          (lib/anatomy.py)
+                   tokens under π_pre, π_post and the student with lib/train/scoring.py (the training loop's code) and
+                   report the shift anatomy; FAIL on an anti-EOS pair or a vanishing shift        (lib/gates/anatomy.py)
 
 Reads: the registry's models (resolved to folders) and benchmark files. Writes runs/<name>/gates/: <gate>.json,
 <gate>.md, anatomy_samples.jsonl, manifest.json (with the --allow'ed gates). Exit status 1 if a gate that was not
@@ -31,18 +31,19 @@ from pathlib import Path
 
 from lib.cpu_repro import pin_if_toy
 pin_if_toy(sys.argv)  # the toy world's CPU math is pinned before torch is imported (lib/cpu_repro.py)
+from lib import benchmarks, models, registry
+from lib.artifacts import (ArtifactError, atomic_write_json, atomic_write_text, read_json, read_manifest, verify_dir,
+                           wall_clock, write_manifest)
 from lib.cli import HelpFormatter, positive_int
-from lib import anatomy, benchmarks, chat_template, gates, models, registry
-from lib.artifacts import (ArtifactError, atomic_write_json, atomic_write_text, read_json,
-                           read_manifest, verify_dir, wall_clock, write_manifest)
 from lib.data import assistant_header, dapo_prompt, prompt_ids, render_chat
+from lib.gates import anatomy, chat_template, checks
 
 GATES = ("tokenizer", "prompt_length", "context", "template", "anatomy")
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
-    a, D = p.add_argument, anatomy.Settings          # D: the anatomy's defaults, declared in lib/anatomy.py
+    a, D = p.add_argument, anatomy.Settings          # D: the anatomy's defaults, declared in lib/gates/anatomy.py
     a("--pair", default="toy", choices=sorted(registry.PAIRS), help="teacher pair (DESIGN.md §2)")
     a("--student", default=None, help=f"student (default: the pair's): one of {sorted(registry.STUDENTS)}, "
                                       "a model alias, a hub id[@revision] or a folder")
@@ -55,7 +56,8 @@ def parse_args(argv=None):
     a("--max-prompt-len", type=positive_int, default=None, help="prompt cap (default: the student's, DESIGN.md §4)")
     a("--max-response-len", type=positive_int, default=None, help="response cap (default: the student's, DESIGN.md §4)")
     a("--roundtrip-strings", type=positive_int, default=500, help="strings for the tokenizer round trip")
-    a("--anatomy-prompts", type=positive_int, default=D.prompts, help="evenly spaced training prompts the anatomy samples")
+    a("--anatomy-prompts", type=positive_int, default=D.prompts,
+      help="evenly spaced training prompts the anatomy samples")
     a("--anatomy-samples", type=positive_int, default=D.samples, help="samples per anatomy prompt")
     a("--temperature", type=float, default=D.temperature, help="anatomy sampling temperature (the training rollouts')")
     a("--top-p", type=float, default=D.top_p, help="anatomy sampling top-p (the training rollouts')")
@@ -70,9 +72,10 @@ def parse_args(argv=None):
       help="FAIL if fewer of the student's tokens have Δ > 0, counted where |Δ| ≥ --tie-tol (source: corpus-SFT "
            "pairs 23-34 %% collapsed; RL 58 %%, RAFT 84.7 %% did not)")
     a("--tie-tol", type=float, default=D.tie_tol, help="|Δ| (nats) below which a token is a tie for --min-pos-frac")
-    a("--auroc-bins", type=positive_int, default=D.auroc_bins, help="length-quantile bins of the length-controlled AUROC")
+    a("--auroc-bins", type=positive_int, default=D.auroc_bins,
+      help="length-quantile bins of the length-controlled AUROC")
     a("--bootstrap", type=positive_int, default=D.bootstrap, help="bootstrap resamples of the AUROC CI (rng seed 42)")
-    a("--backend", default=D.backend, choices=["hf", "vllm"], help="anatomy sampling engine (lib/sampling.py)")
+    a("--backend", default=D.backend, choices=["hf", "vllm"], help="anatomy sampling engine (lib/sample/engine.py)")
     a("--scoring", default=D.scoring, choices=["fused-linear", "logits"], help="TokenScorer projection path")
     a("--micro-batch", type=positive_int, default=D.micro_batch, help="sequences per scoring forward")
     a("--seed", type=int, default=D.seed, help="anatomy sampling seeds: stable_seed(seed, 'anatomy', id, j)")
@@ -105,10 +108,10 @@ def gate_tokenizer(roles, train_rows, args) -> dict:
             problems += [r["problem"] for r in benchmarks.load_benchmark(name, require_answer=False)[0]]
     if not problems:      # no data directory: the pair's own training prompts still exercise real text
         problems = [r["problem"] for r in train_rows]
-    strings = gates.roundtrip_strings(problems, args.roundtrip_strings)
-    from lib.sampling import stop_ids
+    strings = checks.roundtrip_strings(problems, args.roundtrip_strings)
+    from lib.sample.engine import stop_ids
     stop = stop_ids(roles["student"]["tok"], roles["student"]["resolved"].path)
-    rep = gates.compare_tokenizers({k: m["tok"] for k, m in roles.items()},
+    rep = checks.compare_tokenizers({k: m["tok"] for k, m in roles.items()},
                                    {k: m["config"].get("vocab_size") for k, m in roles.items()}, strings)
     for dif in rep["special_diffs"]:
         if dif["id"] in stop:
@@ -116,7 +119,7 @@ def gate_tokenizer(roles, train_rows, args) -> dict:
                                    "teachers score the student's stop token as a different token (see anatomy)")
     rep["summary"] = (f"{rep['ordinary']['n_checked']:,} ordinary ids, {rep['ordinary']['n_mismatch']} differ; "
                       f"{len(rep['special_diff_ids'])} special ids differ"
-                      + (f" ({gates.id_ranges(rep['special_diff_ids'])})" if rep["special_diff_ids"] else "")
+                      + (f" ({checks.id_ranges(rep['special_diff_ids'])})" if rep["special_diff_ids"] else "")
                       + f"; round trip {rep['roundtrip']['n_strings'] - rep['roundtrip']['n_lossy']}"
                       f"/{rep['roundtrip']['n_strings']} exact, {rep['roundtrip']['n_ids_differ']} id differences")
     return rep
@@ -125,10 +128,10 @@ def gate_tokenizer(roles, train_rows, args) -> dict:
 # --- gate 2: prompt length ---
 
 def gate_prompt_length(roles, train_rows, train_src, args) -> dict:
-    rep = gates.length_audit(prompt_lengths(roles["student"], train_rows), args.max_prompt_len)
+    rep = checks.length_audit(prompt_lengths(roles["student"], train_rows), args.max_prompt_len)
     rep.update(source=train_src, student=roles["student"]["alias"])
-    rep["summary"] = (f"{rep['n_prompts']} prompts, max {rep['max']} ({rep['longest_id']}) vs cap {args.max_prompt_len}; "
-                      f"{len(rep['over_cap'])} over")
+    rep["summary"] = (f"{rep['n_prompts']} prompts, max {rep['max']} ({rep['longest_id']}) vs cap "
+                      f"{args.max_prompt_len}; {len(rep['over_cap'])} over")
     return rep
 
 
@@ -150,17 +153,18 @@ def gate_context(roles, pair, args) -> dict:
         rows_out.append(dict(model=m["alias"], role=role, benchmark="train", protocol="prompt cap + response cap",
                              longest_prompt=args.max_prompt_len, longest_id="prompt cap",
                              max_new_tokens=args.max_response_len, max_position_embeddings=mpe))
-    rep = gates.context_check(rows_out)
+    rep = checks.context_check(rows_out)
     worst = min(rows_out, key=lambda r: r["max_position_embeddings"] - r["needed"])
     rep["summary"] = (f"{sum(r['ok'] for r in rows_out)}/{len(rows_out)} (model, benchmark, cap) fit; tightest "
-                      f"{worst['model']} × {worst['benchmark']}: {worst['needed']} of {worst['max_position_embeddings']}")
+                      f"{worst['model']} × {worst['benchmark']}: {worst['needed']} of "
+                      f"{worst['max_position_embeddings']}")
     return rep
 
 
 # --- gate 4: template ---
 
 def gate_template(roles, train_rows) -> dict:
-    from lib.sampling import stop_ids
+    from lib.sample.engine import stop_ids
     per, reasons, warnings = {}, [], []
     example = train_rows[0]["problem"]
     for role, m in roles.items():
@@ -174,7 +178,7 @@ def gate_template(roles, train_rows) -> dict:
         per[role] = {"model": m["alias"], **r}
         reasons += [f"{role} ({m['alias']}): {x}" for x in r["reasons"]]
         warnings += [f"{role} ({m['alias']}): {x}" for x in r["warnings"]]
-    rep = gates.verdict(reasons, warnings, models=per)
+    rep = checks.verdict(reasons, warnings, models=per)
     rep["summary"] = "; ".join(f"{k}: ends {v['assistant_header']!r} {'✓' if v['ends_with_header'] else '✗'}, "
                                f"system {v['injected_system']!r:.32}, stop {[s['token'] for s in v['stop_ids']]}"
                                for k, v in per.items())
@@ -184,7 +188,8 @@ def gate_template(roles, train_rows) -> dict:
 # --- gate 5: shift anatomy ---
 
 def gate_anatomy(roles, train_rows, args, out_dir) -> dict:
-    """lib/anatomy.py's driver with this script's flags (each defaults to anatomy.Settings, declared there once)."""
+    """lib/gates/anatomy.py's driver with this script's flags (each defaults to anatomy.Settings, declared there
+    once)."""
     cfg = anatomy.Settings(max_prompt_len=args.max_prompt_len, max_response_len=args.max_response_len,
                            prompts=args.anatomy_prompts, samples=args.anatomy_samples, temperature=args.temperature,
                            top_p=args.top_p, topk=args.topk, min_stop_delta=args.min_stop_delta,

@@ -29,7 +29,8 @@ def parse_args(argv=None):
     p.add_argument("--student", default=None, help=f"student (default: the pair's); one of {sorted(registry.STUDENTS)}")
     p.add_argument("--models", default="pi_pre,pi_post,student", help="which of pi_pre,pi_post,student to evaluate")
     p.add_argument("--backend", default="hf", choices=["hf", "vllm"], help="sampling backend")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="auto: fp32 on CPU, bf16 on CUDA")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help="auto: fp32 on CPU, bf16 on CUDA")
     p.add_argument("--sample-batch", type=positive_int, default=64, help="sequences per generate() call (hf backend)")
     p.add_argument("--limit-problems", type=positive_int, default=None,
                    help="probe: N evenly spaced problems per benchmark (a deviation)")

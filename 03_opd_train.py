@@ -6,8 +6,8 @@ teacher of classic OPD), the reference (the student's initial weights) and the s
 on-policy optimizer step (PPO clipped surrogate + k3 KL to the reference) → one JSON line of metrics.
 
 Shapes (the suffix of a tensor's name): B = sequences (a step takes --batch-prompts B prompts × n rollouts; in
-`input_ids_BT` the micro-batch's sequences), T = padded length (packed: Σ lengths, lib/varlen.py), N = response tokens
-(flattened, padding removed), K = candidates scored per token (the student's top-K for delta-topk, else the one
+`input_ids_BT` the micro-batch's sequences), T = padded length (packed: Σ lengths, lib/kernels/varlen.py), N = response
+tokens (flattened, padding removed), K = candidates scored per token (the student's top-K for delta-topk, else the one
 sampled token, K = 1), J = 1 + K ids a teacher scores per token ([sampled | top-K]). Every advantage is (N, K).
 
 At --temperature T ≠ 1 the student and the reference are scored at logits / T, as verl's actor and reference are
@@ -48,15 +48,18 @@ pin_if_toy(sys.argv)  # the toy world's CPU math is pinned before torch is impor
 import numpy as np
 import torch
 
-from lib.cli import HelpFormatter, positive_int
-from lib import dist as D
-from lib import benchmarks, models, opd, registry, runs, tracking, train_checkpoint
+from lib import benchmarks, models, registry, runs, tracking
 from lib.artifacts import atomic_write_json, atomic_write_text, read_jsonl, wall_clock, write_manifest
+from lib.cli import HelpFormatter, positive_int
 from lib.data import prompt_ids, require_rows, stable_seed
-from lib.model_init import build_scorer
-from lib.sampling_vllm import explain_oom
-from lib.scoring import pack, regroup, sampler_gap, score_ids, to_device
-from lib.step_phases import PhaseClock, equal_plan, freeze_heap, peak_tflops, resolve_auto, sampler_slots, score_limits
+from lib.sample.engine import HFEngine, load_engine, sample
+from lib.sample.vllm_engine import explain_oom
+from lib.train import dist as D
+from lib.train import checkpoint, opd
+from lib.train.model_init import build_scorer
+from lib.train.scoring import pack, regroup, sampler_gap, score_ids, to_device
+from lib.train.step_phases import (PhaseClock, equal_plan, freeze_heap, peak_tflops, resolve_auto, sampler_slots,
+                                   score_limits)
 
 
 # --- config ---
@@ -85,7 +88,8 @@ def parse_args(argv=None):
     a("--weight-decay", type=float, default=0.01, help="AdamW weight decay")
     a("--grad-clip", type=float, default=1.0, help="max global grad norm")
     a("--clip-eps", type=float, default=0.2, help="PPO clip ε")
-    a("--kl-mode", default="adaptive", choices=["adaptive", "constant"], help="KL coefficient controller (DESIGN.md §7.3)")
+    a("--kl-mode", default="adaptive", choices=["adaptive", "constant"],
+      help="KL coefficient controller (DESIGN.md §7.3)")
     a("--kl-coef", type=float, default=2.5, help="initial KL coefficient (adaptive: clamped to [0.5, 2.5])")
     a("--kl-ref", default="init", choices=["init", "none"], help="KL anchor: the student's init weights, or no KL")
     a("--reward-center", action="store_true", help="shift rewards so the batch-mean reward is non-negative")
@@ -99,10 +103,12 @@ def parse_args(argv=None):
     a("--micro-batch", type=positive_int, default=8, help="sequences per forward/backward on each rank")
     a("--max-tokens-per-micro", type=positive_int, default=None,
       help="pack micro-batches by padded tokens instead (sequences sorted by length; overrides --micro-batch)")
-    a("--score-tokens-per-micro", type=positive_int, default=None, help="scoring's own token budget per micro-batch (no "
-      "grad: bigger than the update's; default on CUDA 4× the update's micro-batch, on CPU the update's plan)")
+    a("--score-tokens-per-micro", type=positive_int, default=None,
+      help="scoring's own token budget per micro-batch (no grad: bigger than the update's; default on CUDA 4× the "
+           "update's micro-batch, on CPU the update's plan)")
     a("--backend", default="hf", choices=["hf", "vllm"], help="rollout engine: in-process torch/hf, or colocated vLLM")
-    a("--gpu-memory-utilization", type=float, default=0.3, help="vLLM's share of GPU memory (colocated with the trainer)")
+    a("--gpu-memory-utilization", type=float, default=0.3,
+      help="vLLM's share of GPU memory (colocated with the trainer)")
     a("--logprob-gap-every", type=positive_int, default=4, help="vLLM: the sampler's log-probs (for "
       "rollout/logprob_gap only) from every K-th rollout, as returning them slows vLLM; hf returns all for free")
     a("--vllm-sleep", action=argparse.BooleanOptionalAction, default=True, help="colocated vLLM frees its GPU memory "
@@ -111,9 +117,11 @@ def parse_args(argv=None):
     a("--compile", nargs="?", const="on", default="auto", choices=["auto", "on", "off"],
       help="torch.compile each decoder layer of the student, teachers and reference (torchtitan-style); auto: on "
            "on CUDA, off on CPU; a bare --compile is on")
-    a("--no-compile", dest="compile", action="store_const", const="off", default=argparse.SUPPRESS, help="--compile off")
-    a("--packing", default="auto", choices=["auto", "on", "off"], help="padding-free micro-batches (lib/varlen.py): "
-      "sequences end to end, FlashAttention varlen on CUDA; auto: on on CUDA, off on CPU")
+    a("--no-compile", dest="compile", action="store_const", const="off", default=argparse.SUPPRESS,
+      help="--compile off")
+    a("--packing", default="auto", choices=["auto", "on", "off"],
+      help="padding-free micro-batches (lib/kernels/varlen.py): sequences end to end, FlashAttention varlen on CUDA; "
+           "auto: on on CUDA, off on CPU")
     a("--scoring", default="fused-linear", choices=["fused-linear", "logits"],
       help="project hidden states tile by tile (logits never exist) or materialise logits then the kernel")
     a("--resume", action="store_true", help="an alias: rerunning the same command always continues the run")
@@ -150,11 +158,12 @@ def load_prompts(args, pair, tokenizer, chat_kwargs, d):
     if over:
         log(d, f"[03] dropping {len(over)} overlong prompts: {[i for i, _ in over]}")
         keep = {i for i, _ in over}
-        rows, ids = zip(*[(r, x) for r, x in zip(rows, ids) if r["id"] not in keep]) if len(keep) < len(rows) else ([], [])
+        rows, ids = (zip(*[(r, x) for r, x in zip(rows, ids) if r["id"] not in keep]) if len(keep) < len(rows)
+                     else ([], []))
     return list(rows), list(ids), src, over
 
 
-# --- models: built on the meta device, sharded, then filled from the checkpoint (lib/model_init.py) ---
+# --- models: built on the meta device, sharded, then filled from the checkpoint (lib/train/model_init.py) ---
 
 def frozen_scorer(path, args, d, bf16, temperature=1.0):
     """A teacher or the reference: bf16 on CUDA (no fp32 copy; FSDP2 casts nothing), fp32 on CPU; no grad."""
@@ -164,21 +173,21 @@ def frozen_scorer(path, args, d, bf16, temperature=1.0):
 
 
 def make_engine(args, student_path, tokenizer, d, bf16):
-    from lib import sampling
     if args.backend == "vllm":
         # one engine per rank, colocated with the trainer; under torchrun each rank samples its own prompts
         # (vLLM's external launcher, data parallel): verified on 1 CPU process, not on multi-GPU (no vLLM there)
-        multi = dict(data_parallel_size=d.world, distributed_executor_backend="external_launcher") if d.world > 1 else {}
-        return sampling.load_engine("vllm", str(student_path), tokenizer, dtype="bfloat16" if bf16 else "float32",
-                                    max_model_len=args.max_prompt_len + args.max_response_len,
-                                    gpu_memory_utilization=args.gpu_memory_utilization, seed=args.seed,
-                                    logprob_every=args.logprob_gap_every, enable_sleep_mode=args.vllm_sleep, **multi)
+        multi = (dict(data_parallel_size=d.world, distributed_executor_backend="external_launcher") if d.world > 1
+                 else {})
+        return load_engine("vllm", str(student_path), tokenizer, dtype="bfloat16" if bf16 else "float32",
+                           max_model_len=args.max_prompt_len + args.max_response_len,
+                           gpu_memory_utilization=args.gpu_memory_utilization, seed=args.seed,
+                           logprob_every=args.logprob_gap_every, enable_sleep_mode=args.vllm_sleep, **multi)
     from transformers import AutoModelForCausalLM
     sampler_lm = AutoModelForCausalLM.from_pretrained(student_path, dtype=torch.bfloat16 if bf16 else torch.float32)
-    # GPU rollouts draw in lib/draw.py's fast mode, all of a rank's rollouts at once; CPU runs keep the exact
+    # GPU rollouts draw in lib/sample/draw.py's fast mode, all of a rank's rollouts at once; CPU runs keep the exact
     # Gumbel-max draws of the eval units
-    return sampling.HFEngine(sampler_lm.to(d.device).eval(), tokenizer, batch_size=sampler_slots(args, d.world, bf16),
-                             mode="fast" if bf16 else "exact")
+    return HFEngine(sampler_lm.to(d.device).eval(), tokenizer, batch_size=sampler_slots(args, d.world, bf16),
+                    mode="fast" if bf16 else "exact")
 
 
 # --- one micro-batch of the loop (steps 2 and 4), functions so that tests run exactly this code ---
@@ -214,6 +223,91 @@ def micro_batch_loss(student, mb, kl_coef, n_tokens, clip_eps):
     return opd.update_loss(lp_NK, old_NK, mb["adv"], lp_N, mb["ref_N"], kl_coef, n_tokens, clip_eps)
 
 
+# --- the step's metrics (step 5) ---
+
+def step_metrics(step, args, d, clock, *, mbs, outs, prompts, upd, n_tok, reward_pair_mean, reward_token_mean,
+                 grad_norm, kl_coef, skipped, plan, score_plan, seq_lens, n_params, peak, bf16):
+    """Step 5 (DESIGN.md §7.4): the step's line of metrics.jsonl, its keys in the order they are written. Named sums
+    are reduced across ranks and each metric sits beside the sums it divides; times and memory come from `clock`,
+    whose step ends here. `prompts` are this rank's rollout prompts (one per rollout), `plan` and `score_plan` its
+    micro-batches."""
+    W = d.world
+    pairs = torch.cat([mb["delta"].flatten() for mb in mbs])     # (token, candidate) log-ratios: the method's
+    dl = torch.cat([mb["delta_N"] for mb in mbs])                 # the sampled token's log-ratio (ours)
+    lens = [len(o.token_ids) for o in outs]
+    two_teachers = args.reward != "opd"                           # π_post and π_pre (opd: one teacher)
+    gap_sum, gap_tokens = sampler_gap([mb["sampler_N"] for mb in mbs], [mb["old_N"] for mb in mbs])
+    local = {"pairs": pairs.numel(),
+             "pair": pairs.sum(),
+             "pair_sq": (pairs ** 2).sum(),
+             "pair_pos": (pairs > 0).sum(),
+             "pair_abs": pairs.abs().sum(),
+             "dl": dl.sum(),
+             "dl_sq": (dl ** 2).sum(),
+             "dl_pos": (dl > 0).sum(),
+             "dl_abs": dl.abs().sum(),
+             "resp_tokens": sum(lens),
+             "seqs": len(lens),
+             "truncated": sum(o.finish_reason == "length" for o in outs),
+             "entropy": sum(mb["ent_N"].sum() for mb in mbs),
+             "teacher_entropy": sum(mb["ent_t"]["pi_post" if two_teachers else "teacher"].sum() for mb in mbs),
+             "ref_entropy": sum(mb["ent_t"]["pi_pre"].sum() for mb in mbs) if two_teachers else 0.0,
+             **upd,
+             "logprob_gap": gap_sum,
+             "gap_tokens": gap_tokens,
+             "prompt_tokens": sum(len(p) for p in prompts)}
+    s = dict(zip(local, D.all_sum(*(float(v) for v in local.values()), device=d.device)))
+    mx = dict(zip(["len_max", "len_neg_min", "pair_max", "pair_neg_min"],
+                  D.all_max(max(lens), -min(lens), pairs.max().item(), -pairs.min().item(), device=d.device)))
+    dt, ts, gb = clock.total(), clock.seconds, clock.peak_gb
+    pair_mean, dl_mean, all_tokens = s["pair"] / s["pairs"], s["dl"] / n_tok, s["resp_tokens"] + s["prompt_tokens"]
+    return {"step": step,
+            # the method's log-ratio statistics: over all (token, candidate) pairs (K = 1: the sampled token)
+            "delta_opd/log_ratio_mean": pair_mean,
+            "delta_opd/log_ratio_std": math.sqrt(max(s["pair_sq"] / s["pairs"] - pair_mean ** 2, 0.0)),
+            "delta_opd/log_ratio_pos_frac": s["pair_pos"] / s["pairs"],
+            "delta_opd/log_ratio_abs_mean": s["pair_abs"] / s["pairs"],
+            "delta_opd/log_ratio_min": -mx["pair_neg_min"],
+            "delta_opd/log_ratio_max": mx["pair_max"],
+            # ours: the same on the sampled token only
+            "delta_opd/log_ratio_mean_sampled": dl_mean,
+            "delta_opd/log_ratio_std_sampled": math.sqrt(max(s["dl_sq"] / n_tok - dl_mean ** 2, 0.0)),
+            "delta_opd/log_ratio_pos_frac_sampled": s["dl_pos"] / n_tok,
+            "delta_opd/log_ratio_abs_mean_sampled": s["dl_abs"] / n_tok,
+            "delta_opd/weighted_reward_mean": reward_pair_mean,            # (before --reward-center / --eos-policy)
+            "delta_opd/weighted_reward_token_mean": reward_token_mean,
+            "response_length/mean": s["resp_tokens"] / s["seqs"],
+            "response_length/max": mx["len_max"],
+            "response_length/min": -mx["len_neg_min"],
+            "response_length/clip_ratio": s["truncated"] / s["seqs"],
+            "actor/entropy": s["entropy"] / n_tok,
+            "actor/pg_loss": s["pg"] / n_tok,                               # Σ_k per token, token-mean (verl)
+            "actor/kl_loss": s["kl"] / n_tok,
+            "actor/pg_clipfrac": s["clipped"] / s["pairs"],                 # per candidate (verl)
+            "actor/ppo_kl": s["neg_log_ratio"] / n_tok,                     # Σ_k −log ρ per token, token-mean (verl)
+            "actor/ppo_kl_candidate_mean": s["neg_log_ratio"] / s["pairs"],
+            "actor/grad_norm": grad_norm,
+            "actor/kl_coef": kl_coef,
+            "actor/skipped_step": skipped,
+            "teacher/entropy": s["teacher_entropy"] / n_tok,
+            "teacher_ref/entropy": s["ref_entropy"] / n_tok if two_teachers else None,
+            "teacher/entropy_minus_ref": (s["teacher_entropy"] - s["ref_entropy"]) / n_tok if two_teachers else None,
+            "rollout/logprob_gap": s["logprob_gap"] / max(s["gap_tokens"], 1),   # tokens with a sampler log-prob
+            **{f"timing_s/{k}": v for k, v in ts.items()},
+            "timing_s/step": dt,
+            "perf/tokens": all_tokens,
+            "perf/response_tokens": s["resp_tokens"],
+            "perf/sequences": s["seqs"],
+            "perf/tokens_per_s": all_tokens / dt,
+            **{f"perf/gc_s_{k}": v for k, v in clock.gc_seconds.items()},
+            "perf/micro_batch_sizes": [len(i) for i in plan],            # rank 0's
+            "perf/score_micro_batch_sizes": [len(i) for i in score_plan],
+            "perf/padding_frac": 1 - sum(seq_lens) / sum(len(i) * max(seq_lens[j] for j in i) for i in plan),
+            "perf/mfu": (6 * n_params * all_tokens / ts["update"] / (peak * 1e12 * W)) if peak else None,
+            "memory/max_allocated_gb": max(gb.values()) if bf16 else None,
+            **{f"memory/peak_gb_{k}": v for k, v in gb.items()}}
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
@@ -229,7 +323,7 @@ def main(argv=None):
     if os.environ.get("RANK", "0") == "0" and os.environ.get("OPD_RUN_LOCKED") != str(out.resolve()):
         lock = runs.RunLock(out)                                    # noqa: F841  (held until the process exits)
         os.environ["OPD_RUN_LOCKED"] = str(out.resolve())
-    mode, src = train_checkpoint.decide(out, settings)
+    mode, src = checkpoint.decide(out, settings)
     if mode == "finished":
         print(f"[03] {out} is finished (manifest.json verified): nothing to do")
         return
@@ -318,7 +412,6 @@ def main(argv=None):
         engine.update_weights(D.full_params(student))
         clock.mark("sync")
         engine.wake_up(tags=["kv_cache"])
-        from lib.sampling import sample
         req_prompts = [prompts[i] for i in mine for _ in range(n)]
         req_seeds = [stable_seed(args.seed, "rollout", rows[i]["id"], j) for i in mine for j in range(n)]
         outs = sample(engine, req_prompts, req_seeds, temperature=args.temperature, top_p=args.top_p,
@@ -337,7 +430,10 @@ def main(argv=None):
         plan = equal_plan(seq_lens, args.micro_batch, args.max_tokens_per_micro, d.device)
         score_plan = plan if (lim := score_limits(args, bf16)) is None else equal_plan(seq_lens, *lim, d.device)
         resp, P = [o.token_ids for o in outs], req_prompts
-        packed = lambda idx: pack([P[i] for i in idx], [resp[i] for i in idx], pad_id, args.packing).to(d.device)  # noqa: E731
+
+        def packed(idx):
+            return pack([P[i] for i in idx], [resp[i] for i in idx], pad_id, args.packing).to(d.device)
+
         scored = [score_micro_batch(student, teachers, ref, packed(idx), K, [outs[i] for i in idx])
                   for idx in score_plan]
         mbs = scored if score_plan == plan else [
@@ -370,7 +466,8 @@ def main(argv=None):
             loss, pg_N, clipped_NK, neg_log_ratio_NK, kl_N = micro_batch_loss(student, mb, kl.coef, n_tok / W,
                                                                               args.clip_eps)
             loss.backward()
-            for k, v in zip(upd, (pg_N, kl_N, clipped_NK, neg_log_ratio_NK)):   # on device: no host sync per micro-batch
+            # on device: no host sync per micro-batch
+            for k, v in zip(upd, (pg_N, kl_N, clipped_NK, neg_log_ratio_NK)):
                 upd[k] = upd[k] + v.sum(dtype=torch.float64)
         clock.mark("update")                                          # forward + backward only
         grad_norm = torch.nn.utils.clip_grad_norm_(student.parameters(), args.grad_clip)
@@ -385,69 +482,21 @@ def main(argv=None):
         clock.mark("optimizer")                                       # clip + AdamW step + zero_grad
 
         # 5. metrics (DESIGN.md §7.4): named sums across ranks, each metric beside the sums it divides
-        pairs = torch.cat([mb["delta"].flatten() for mb in mbs])     # (token, candidate) log-ratios: the method's
-        dl = torch.cat([mb["delta_N"] for mb in mbs])                 # the sampled token's log-ratio (ours)
-        lens = [len(o.token_ids) for o in outs]
-        two_teachers = args.reward != "opd"                           # π_post and π_pre (opd: one teacher)
-        gap_sum, gap_tokens = sampler_gap([mb["sampler_N"] for mb in mbs], [mb["old_N"] for mb in mbs])
-        local = {"pairs": pairs.numel(), "pair": pairs.sum(), "pair_sq": (pairs ** 2).sum(),
-                 "pair_pos": (pairs > 0).sum(), "pair_abs": pairs.abs().sum(), "dl": dl.sum(), "dl_sq": (dl ** 2).sum(), "dl_pos": (dl > 0).sum(),
-                 "dl_abs": dl.abs().sum(), "resp_tokens": sum(lens), "seqs": len(lens),
-                 "truncated": sum(o.finish_reason == "length" for o in outs), "entropy": sum(mb["ent_N"].sum() for mb in mbs),
-                 "teacher_entropy": sum(mb["ent_t"]["pi_post" if two_teachers else "teacher"].sum() for mb in mbs),
-                 "ref_entropy": sum(mb["ent_t"]["pi_pre"].sum() for mb in mbs) if two_teachers else 0.0,
-                 **upd, "logprob_gap": gap_sum, "gap_tokens": gap_tokens,
-                 "prompt_tokens": sum(len(p) for p in req_prompts)}
-        s = dict(zip(local, D.all_sum(*(float(v) for v in local.values()), device=d.device)))
-        mx = dict(zip(["len_max", "len_neg_min", "pair_max", "pair_neg_min"],
-                      D.all_max(max(lens), -min(lens), pairs.max().item(), -pairs.min().item(), device=d.device)))
-        dt, ts, gb = clock.total(), clock.seconds, clock.peak_gb
-        pair_mean, dl_mean, all_tokens = s["pair"] / s["pairs"], s["dl"] / n_tok, s["resp_tokens"] + s["prompt_tokens"]
-        m = {"step": step,
-             # the method's log-ratio statistics: over all (token, candidate) pairs (K = 1: the sampled token)
-             "delta_opd/log_ratio_mean": pair_mean,
-             "delta_opd/log_ratio_std": math.sqrt(max(s["pair_sq"] / s["pairs"] - pair_mean ** 2, 0.0)),
-             "delta_opd/log_ratio_pos_frac": s["pair_pos"] / s["pairs"],
-             "delta_opd/log_ratio_abs_mean": s["pair_abs"] / s["pairs"],
-             "delta_opd/log_ratio_min": -mx["pair_neg_min"], "delta_opd/log_ratio_max": mx["pair_max"],
-             # ours: the same on the sampled token only
-             "delta_opd/log_ratio_mean_sampled": dl_mean,
-             "delta_opd/log_ratio_std_sampled": math.sqrt(max(s["dl_sq"] / n_tok - dl_mean ** 2, 0.0)),
-             "delta_opd/log_ratio_pos_frac_sampled": s["dl_pos"] / n_tok,
-             "delta_opd/log_ratio_abs_mean_sampled": s["dl_abs"] / n_tok,
-             "delta_opd/weighted_reward_mean": reward_pair_mean,            # (before --reward-center / --eos-policy)
-             "delta_opd/weighted_reward_token_mean": reward_token_mean,
-             "response_length/mean": s["resp_tokens"] / s["seqs"], "response_length/max": mx["len_max"],
-             "response_length/min": -mx["len_neg_min"], "response_length/clip_ratio": s["truncated"] / s["seqs"],
-             "actor/entropy": s["entropy"] / n_tok,
-             "actor/pg_loss": s["pg"] / n_tok,                               # Σ_k per token, token-mean (verl)
-             "actor/kl_loss": s["kl"] / n_tok,
-             "actor/pg_clipfrac": s["clipped"] / s["pairs"],                 # per candidate (verl)
-             "actor/ppo_kl": s["neg_log_ratio"] / n_tok,                     # Σ_k −log ρ per token, token-mean (verl)
-             "actor/ppo_kl_candidate_mean": s["neg_log_ratio"] / s["pairs"],
-             "actor/grad_norm": grad_norm, "actor/kl_coef": kl.coef, "actor/skipped_step": skipped,
-             "teacher/entropy": s["teacher_entropy"] / n_tok,
-             "teacher_ref/entropy": s["ref_entropy"] / n_tok if two_teachers else None,
-             "teacher/entropy_minus_ref": (s["teacher_entropy"] - s["ref_entropy"]) / n_tok if two_teachers else None,
-             "rollout/logprob_gap": s["logprob_gap"] / max(s["gap_tokens"], 1),   # tokens with a sampler log-prob
-             **{f"timing_s/{k}": v for k, v in ts.items()}, "timing_s/step": dt,
-             "perf/tokens": all_tokens, "perf/response_tokens": s["resp_tokens"], "perf/sequences": s["seqs"],
-             "perf/tokens_per_s": all_tokens / dt, **{f"perf/gc_s_{k}": v for k, v in clock.gc_seconds.items()},
-             "perf/micro_batch_sizes": [len(i) for i in plan],            # rank 0's
-             "perf/score_micro_batch_sizes": [len(i) for i in score_plan],
-             "perf/padding_frac": 1 - sum(seq_lens) / sum(len(i) * max(seq_lens[j] for j in i) for i in plan),
-             "perf/mfu": (6 * n_params * all_tokens / ts["update"] / (peak * 1e12 * W)) if peak else None,
-             "memory/max_allocated_gb": max(gb.values()) if bf16 else None,
-             **{f"memory/peak_gb_{k}": v for k, v in gb.items()}}
+        m = step_metrics(step, args, d, clock, mbs=mbs, outs=outs, prompts=req_prompts, upd=upd, n_tok=n_tok,
+                         reward_pair_mean=reward_pair_mean, reward_token_mean=reward_token_mean, grad_norm=grad_norm,
+                         kl_coef=kl.coef, skipped=skipped, plan=plan, score_plan=score_plan, seq_lens=seq_lens,
+                         n_params=n_params, peak=peak, bf16=bf16)
         events = watch.update(step, m["response_length/clip_ratio"], m["response_length/mean"])
         if d.main:
             with open(out / "metrics.jsonl", "a") as f:
                 f.write(json.dumps(m) + "\n")
-            print(f"step {step:>4}/{steps} | reward {reward_token_mean:+.4f} | Δ>0 {100 * m['delta_opd/log_ratio_pos_frac']:4.1f}% "
-                  f"| len {m['response_length/mean']:6.1f} clip {m['response_length/clip_ratio']:.2f} | ent "
-                  f"{m['actor/entropy']:.3f} | kl {m['actor/kl_loss']:.4f}×{m['actor/kl_coef']:.3f} | gn {grad_norm:.3f} "
-                  f"| {dt:.1f}s (gen {m['timing_s/gen']:.1f} score {m['timing_s/score']:.1f} upd "
-                  f"{m['timing_s/update']:.1f})" + "".join(f"\n  !! {e}" for e in events), flush=True)
+            print(f"step {step:>4}/{steps} | reward {reward_token_mean:+.4f} "
+                  f"| Δ>0 {100 * m['delta_opd/log_ratio_pos_frac']:4.1f}% "
+                  f"| len {m['response_length/mean']:6.1f} clip {m['response_length/clip_ratio']:.2f} "
+                  f"| ent {m['actor/entropy']:.3f} | kl {m['actor/kl_loss']:.4f}×{m['actor/kl_coef']:.3f} "
+                  f"| gn {grad_norm:.3f} | {m['timing_s/step']:.1f}s (gen {m['timing_s/gen']:.1f} "
+                  f"score {m['timing_s/score']:.1f} upd {m['timing_s/update']:.1f})"
+                  + "".join(f"\n  !! {e}" for e in events), flush=True)
 
         # 6. checkpoint: merged HF folder, then the resume state (swapped in whole); then the budget guard
         runs.fault("step-logged", step)
@@ -456,10 +505,11 @@ def main(argv=None):
         stop_now = args.stop_on_collapse and watch.collapsed
         saved = step % args.save_every == 0 or step == end or stop_now
         if saved:
-            budget.checkpoint(train_checkpoint.save(args, d, student, optim, kl, watch, step, out, resolved, sspec, run_dir, settings))
+            budget.checkpoint(checkpoint.save(args, d, student, optim, kl, watch, step, out, resolved, sspec, run_dir,
+                                              settings))
         if step < end and budget.exhausted():
             if not saved:
-                train_checkpoint.save(args, d, student, optim, kl, watch, step, out, resolved, sspec, run_dir, settings)
+                checkpoint.save(args, d, student, optim, kl, watch, step, out, resolved, sspec, run_dir, settings)
             stopped = "time_limit"
             log(d, f"[03] --time-limit {args.time_limit:g}s: step {step + 1} and a checkpoint are predicted to take "
                    f"{budget.predicted():.1f}s, past the budget; stopping after the step {step} checkpoint")

@@ -1,7 +1,7 @@
 """04_eval.py — one model × one benchmark × one protocol → one eval unit (DESIGN.md §4–5).
 
 Samples every problem of a benchmark under a protocol (seeds 0..n-1, the protocol's temperature and top-p), with the
-model's OWN chat template and the DAPO prompt, grades each sample with lib.grading (last `Answer:` line, else last
+model's OWN chat template and the DAPO prompt, grades each sample with lib.eval.grading (last `Answer:` line, else last
 `\\boxed{}`; a prose Answer: line falls back, and each row records which path decided), and writes the unit:
 
     <run-dir>/evals/<alias>/<benchmark>/<protocol>/samples.jsonl   one row per sample
@@ -13,7 +13,7 @@ sealed it; otherwise a one-line refusal names the file. Probes and reduced runs 
 `--max-new-tokens M` other than the model's cap) get an alias suffix (`_subN`, `_capM`) and a `deviations` list, so
 they can never pass for canonical units. A killed run resumes from `generations.partial.jsonl`; `--skip-if-exists`
 returns a finished unit untouched (after checking its hashes); a unit is never overwritten by a different
-configuration. The unit's planning, identity checks and writing are lib/units.py; the stage reads top to bottom.
+configuration. The unit's planning, identity checks and writing are lib/eval/units.py; the stage reads top to bottom.
 
 CPU (toy):  python 04_eval.py --run-dir runs/toy --model toy-pre --benchmark toy --protocol sample4
 GPU:        python 04_eval.py --run-dir runs/openthinker --model openthinker3-1.5b --benchmark aime24 \\
@@ -30,11 +30,12 @@ from pathlib import Path
 
 from lib.cpu_repro import pin_if_toy
 pin_if_toy(sys.argv)  # the toy world's CPU math is pinned before torch is imported (lib/cpu_repro.py)
-from lib.cli import HelpFormatter, positive_int
 from lib import models, registry
 from lib.artifacts import ArtifactError, code_hashes, sha256_bytes, wall_clock
-from lib.data import assistant_header, prompt_ids, render_chat, dapo_prompt, stable_seed
-from lib.units import Plan, config_sha256, existing_state, grading_summary, plan_unit, sample_rows, summarize, write_unit
+from lib.cli import HelpFormatter, positive_int
+from lib.data import assistant_header, dapo_prompt, prompt_ids, render_chat, stable_seed
+from lib.eval.units import (Plan, config_sha256, existing_state, grading_summary, plan_unit, sample_rows, summarize,
+                            write_unit)
 
 PARTIAL = "generations.partial.jsonl"
 
@@ -42,20 +43,25 @@ PARTIAL = "generations.partial.jsonl"
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--run-dir", required=True, help="campaign directory (runs/<name>)")
-    p.add_argument("--model", required=True, help="registry alias, hub id (owner/name[@revision]), or a model / checkpoint folder")
+    p.add_argument("--model", required=True,
+                   help="registry alias, hub id (owner/name[@revision]), or a model / checkpoint folder")
     p.add_argument("--revision", default=None, help="hub commit of --model (default: the registry's pin, else main)")
-    p.add_argument("--alias", default=None, help="unit alias (default: the registry alias, or <run>-step<N> for a checkpoint)")
+    p.add_argument("--alias", default=None,
+                   help="unit alias (default: the registry alias, or <run>-step<N> for a checkpoint)")
     p.add_argument("--benchmark", required=True, help=f"one of {sorted(registry.BENCHMARKS)} or a jsonl/parquet path")
-    p.add_argument("--protocol", required=True, choices=sorted(registry.PROTOCOLS), help="sampling protocol (DESIGN.md §5)")
+    p.add_argument("--protocol", required=True, choices=sorted(registry.PROTOCOLS),
+                   help="sampling protocol (DESIGN.md §5)")
     p.add_argument("--backend", default="hf", choices=["hf", "vllm"], help="sampling backend")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="auto: fp32 on CPU, bf16 on CUDA")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help="auto: fp32 on CPU, bf16 on CUDA")
     p.add_argument("--sample-batch", type=positive_int, default=64, help="sequences per generate() call (hf backend)")
     p.add_argument("--max-new-tokens", type=positive_int, default=None,
                    help="override the model's cap (recorded as a deviation)")
     p.add_argument("--limit-problems", type=positive_int, default=None, help="probe: the N evenly spaced problems "
                    "(a deviation)")
     p.add_argument("--skip-if-exists", action="store_true", help="leave a finished unit with the same config untouched")
-    p.add_argument("--grade-timeout", type=float, default=5.0, help="CPU-seconds bound per graded sample (lib.grading)")
+    p.add_argument("--grade-timeout", type=float, default=5.0,
+                   help="CPU-seconds bound per graded sample (lib.eval.grading)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.85, help="vLLM's share of GPU memory")
     return p.parse_args(argv)
 
@@ -90,14 +96,15 @@ def load_partial(path: Path, cfg_sha: str) -> dict:
 
 
 def generate(plan: Plan, engine, tokenizer, prompts: list[list[int]], chunk: int = 256) -> list[dict]:
-    from lib.sampling import sample
+    from lib.sample.engine import sample
     proto = registry.PROTOCOLS[plan.protocol]
     cfg_sha = config_sha256(plan.config)
     partial = plan.out / PARTIAL
     done = load_partial(partial, cfg_sha)
     todo = [(i, s) for i in range(len(plan.rows)) for s in range(proto.n) if (plan.rows[i]["id"], s) not in done]
     if done:
-        print(f"[04_eval] {plan.alias}/{plan.benchmark}/{plan.protocol}: resuming, {len(done)} samples already generated")
+        print(f"[04_eval] {plan.alias}/{plan.benchmark}/{plan.protocol}: resuming, "
+              f"{len(done)} samples already generated")
     plan.out.mkdir(parents=True, exist_ok=True)
     with open(partial, "a", encoding="utf-8") as f:
         for c in range(0, len(todo), chunk):
@@ -120,7 +127,7 @@ def generate(plan: Plan, engine, tokenizer, prompts: list[list[int]], chunk: int
 
 def grade_and_write(plan: Plan, tokenizer, gens: list[dict], gate: dict, *, args: dict, started: str, t0: float,
                     grade_timeout: float, gpu_s_per_s: float) -> Path:
-    from lib.grading import grade_many
+    from lib.eval.grading import grade_many
     gold = {r["id"]: r["answer"] for r in plan.rows}
     grades = grade_many([(g["completion"], gold[g["problem_id"]]) for g in gens], timeout_s=grade_timeout,
                         progress=f"grade {plan.alias} {plan.benchmark}")
@@ -154,21 +161,23 @@ def grade_and_write(plan: Plan, tokenizer, gens: list[dict], gate: dict, *, args
     return plan.out
 
 
-# --- the engine: lib.sampling.load_engine, with this plan's dtype and context ---
+# --- the engine: lib.sample.engine.load_engine, with this plan's dtype and context ---
 
 def open_engine_for(plan: Plan, backend: str, dtype: str, batch_size: int, gpu_memory_utilization: float = 0.85):
     """(engine, tokenizer, GPU count) for a plan's model."""
     import torch
     from transformers import AutoTokenizer
-    from lib.sampling import load_engine
+    from lib.sample.engine import load_engine
     tokenizer = AutoTokenizer.from_pretrained(plan.model.path)
     cuda = torch.cuda.is_available()
-    dt = {"auto": torch.bfloat16 if cuda else torch.float32, "float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+    dt = {"auto": torch.bfloat16 if cuda else torch.float32,
+          "float32": torch.float32,
+          "bfloat16": torch.bfloat16}[dtype]
     if backend == "vllm":
         limit = json.loads((plan.model.path / "config.json").read_text()).get("max_position_embeddings", 32_768)
+        # logprob_every=0: grading never reads the log-probs, and they slow vLLM (lib/sample/vllm_engine.py)
         engine = load_engine("vllm", str(plan.model.path), tokenizer, dtype=str(dt).removeprefix("torch."),
-                             max_model_len=limit, gpu_memory_utilization=gpu_memory_utilization,
-                             logprob_every=0)      # grading never reads them, and they slow vLLM (lib/sampling_vllm.py)
+                             max_model_len=limit, gpu_memory_utilization=gpu_memory_utilization, logprob_every=0)
     else:
         engine = load_engine("hf", plan.model.path, tokenizer, batch_size=batch_size, dtype=dt)
     return engine, tokenizer, (1 if cuda else 0)

@@ -1,4 +1,5 @@
-"""05_stats — the campaign's numbers (DESIGN.md §6): paired gains, gates, transfer ratios, sensitivity views, diagnostics.
+"""05_stats — the campaign's numbers (DESIGN.md §6): paired gains, gates, transfer ratios, sensitivity views,
+diagnostics.
 
 Reads every finished eval unit (`evals/<alias>/<benchmark>/<protocol>/`) and training run (`train/<run>/`, its
 reward and training seed from summary.json, else manifest args, else the name `<reward>-seed<S>`, else seed 42) of
@@ -8,19 +9,20 @@ when 01_gates has. Unfinished runs and units are reported as pending, never read
     teacher_gains.json     π_post − π_pre on every benchmark/protocol both have; the teacher-gain gate
     student_gains.json     every evaluated checkpoint − the student's init (paired, same seeds/problems); gain scan;
                            by_reward: each training seed's latest evaluated checkpoint and the gain pooled over seeds
-                           (lib.stats.pooled_gain), one verdict per reward × benchmark × protocol, Holm-adjusted
+                           (lib.report.stats.pooled_gain), one verdict per reward × benchmark × protocol, Holm-adjusted
     transfer.json          Direct-OPD runs only: student gain ÷ (π_post − π_pre) with the five guards, per checkpoint
     cap_sensitivity.json   π_post held to π_pre's max_new_tokens: over-cap-as-wrong and kept-only
     diagnostics.json       per unit: truncation, tokens, answer format, extraction/accuracy on truncated samples
     training.json          per run: per-step curves of the DESIGN.md §7.4 metrics and the collapse watch
     raft.json              RAFT stage-1/SFT numbers passed through from raft/stats.json, and gate G2
     gates.json             the main pair's gates as 01_gates recorded them (gates/<gate>.json, gates/manifest.json)
-    pending.json           training runs without manifest.json, unit folders not finished, last checkpoints not evaluated
+    pending.json           training runs without manifest.json, unit folders not finished, last checkpoints not
+                           evaluated
     ledger.json            one row per stage run: the manifests on disk plus earlier runs whose manifest a rerun
                            overwrote (carried over from the previous ledger.json), so reruns add up
     manifest.json          every input file with its sha256
 
-Every comparison is lib.stats.paired_bootstrap (10,000 resamples, default_rng(42)); a unit that cannot be paired
+Every comparison is lib.report.stats.paired_bootstrap (10,000 resamples, default_rng(42)); a unit that cannot be paired
 (missing problems, duplicated samples, mismatched seeds) stops the stage with a message naming it.
 
     python 05_stats.py --run-dir runs/toy [--pair toy]
@@ -32,19 +34,20 @@ import math
 import time
 from pathlib import Path
 
+from lib.artifacts import (ArtifactError, atomic_write_json, read_json, sha256_file, verify_dir, wall_clock,
+                           write_manifest)
 from lib.cli import HelpFormatter, positive_int
-from lib import stats
 from lib.errors import refuse_in_one_line
-from lib.artifacts import ArtifactError, atomic_write_json, read_json, sha256_file, verify_dir, wall_clock, write_manifest
-from lib.campaign import (CURVE_KEYS, collapse_watch, diagnostics, earlier_runs, find_runs, load_run, load_units,
-                          manifest_runs, pending_runs, pending_units, run_identity)
 from lib.registry import PAIRS, PROTOCOLS, STUDENTS
+from lib.report import stats
+from lib.report.campaign import (CURVE_KEYS, collapse_watch, diagnostics, earlier_runs, find_runs, load_run, load_units,
+                                 manifest_runs, pending_runs, pending_units, run_identity)
 
 # a changed input or a unit that cannot be paired is refused in one line naming it, not with a traceback
 refuse_in_one_line("05_stats", ArtifactError, stats.AlignmentError)
 
 # --- args ---
-ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=HelpFormatter)
+ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
 ap.add_argument("--run-dir", required=True, help="campaign directory, e.g. runs/toy")
 ap.add_argument("--pair", default=None, choices=sorted(PAIRS),
                 help="teacher pair of the campaign; default: the pair recorded in the run summaries / eval manifests")
@@ -145,7 +148,8 @@ gate = {"benchmark": pair.gate_benchmark, "protocol": gate_entry["protocol"] if 
         **stats.teacher_gate(gate_entry)}
 for t in teacher:
     print(f"  teacher {t['benchmark']}/{t['protocol']}: {stats.format_gain(t)}")
-print(f"  teacher-gain gate ({gate['benchmark']}/{gate['protocol']}): {'PASS' if gate['pass'] else 'FAIL'} — {gate['reason']}")
+print(f"  teacher-gain gate ({gate['benchmark']}/{gate['protocol']}): {'PASS' if gate['pass'] else 'FAIL'} "
+      f"— {gate['reason']}")
 
 # --- student gains: every evaluated checkpoint against the student's init ---
 student, missing = [], []
@@ -160,8 +164,9 @@ for u in units:
         continue
     init = m.get("student_init")
     if not init:
-        raise SystemExit(f"unit {u.rel} is a checkpoint of {m['train_run']} but names no provenance.model.student_init; "
-                         f"re-run 04_eval with the checkpoint folder (its checkpoint.json names the init)")
+        raise SystemExit(f"unit {u.rel} is a checkpoint of {m['train_run']} but names no "
+                         "provenance.model.student_init; re-run 04_eval with the checkpoint folder (its "
+                         "checkpoint.json names the init)")
     cands = [b for b in units if b.alias == init and b.benchmark == u.benchmark and b.model.get("train_run") is None]
     base = next((b for b in cands if b.protocol == u.protocol), None)
     if base is None:   # e.g. an 8-seed curve unit against the 32-seed baseline: same sampling, nested seeds
@@ -198,7 +203,8 @@ for r in runs:
 # --- per reward: each training seed's latest evaluated checkpoint, and the gain pooled over seeds ---
 by_reward = []
 for reward, b, p in sorted({(g["reward"], g["benchmark"], g["protocol"]) for g in student if g["latest"]}):
-    seeds = sorted((g for g in student if g["latest"] and (g["reward"], g["benchmark"], g["protocol"]) == (reward, b, p)),
+    seeds = sorted((g for g in student
+                    if g["latest"] and (g["reward"], g["benchmark"], g["protocol"]) == (reward, b, p)),
                    key=lambda g: g["training_seed"])
     entry = {"reward": reward, "benchmark": b, "protocol": p, "per_seed": seeds, "pooled": None,
              "training_seeds": [g["training_seed"] for g in seeds], "steps": [g["step"] for g in seeds]}
@@ -241,7 +247,8 @@ for g in student:
 # --- cap sensitivity: π_post's stored samples held to π_pre's max_new_tokens ---
 cap_views = []
 for t in teacher:
-    pre, post = by_key[(t["alias_a"], t["benchmark"], t["protocol"])], by_key[(t["alias_b"], t["benchmark"], t["protocol"])]
+    pre = by_key[(t["alias_a"], t["benchmark"], t["protocol"])]
+    post = by_key[(t["alias_b"], t["benchmark"], t["protocol"])]
     if pre.max_new_tokens and post.max_new_tokens and post.max_new_tokens > pre.max_new_tokens:
         v = stats.cap_sensitivity(pre.correct(), post.correct(), post.tokens(), pre.max_new_tokens, args.n_boot,
                                   args.seed, (pre.rel, post.rel))
@@ -262,11 +269,20 @@ diag = []
 for u in units:
     d = diagnostics(u.rows)
     recorded = u.scores.get("accuracy")
-    diag.append({"unit": u.rel, "alias": u.alias, "benchmark": u.benchmark, "protocol": u.protocol, "role": role(u),
-                 "train_run": u.model.get("train_run"), "train_step": u.model.get("train_step"),
-                 "max_new_tokens": u.max_new_tokens, "deviations": u.scores.get("deviations", []),
-                 "n_seeds": len(u.scores["seeds"]), "scores_accuracy_pct": recorded,
-                 "accuracy_matches_scores": recorded is None or math.isclose(recorded, d["accuracy_pct"], abs_tol=1e-6), **d})
+    diag.append({"unit": u.rel,
+                 "alias": u.alias,
+                 "benchmark": u.benchmark,
+                 "protocol": u.protocol,
+                 "role": role(u),
+                 "train_run": u.model.get("train_run"),
+                 "train_step": u.model.get("train_step"),
+                 "max_new_tokens": u.max_new_tokens,
+                 "deviations": u.scores.get("deviations", []),
+                 "n_seeds": len(u.scores["seeds"]),
+                 "scores_accuracy_pct": recorded,
+                 "accuracy_matches_scores": (recorded is None
+                                             or math.isclose(recorded, d["accuracy_pct"], abs_tol=1e-6)),
+                 **d})
 
 
 # --- training runs: curves and the collapse watch ---

@@ -21,7 +21,7 @@ A rebuild from the same inputs is byte-identical (README, figures, MANIFEST.json
 DESIGN.md §6: a gain counts only when its 95 % CI excludes 0.
 
 RAFT section: reads stats/raft.json (raft/stats.json as 07_raft writes it; every key optional): keep rates, gate
-G1, the SFT loss curves, |Δ log p| per token, the EOS probe, and the RAFT pair's shift anatomy (lib/anatomy.py).
+G1, the SFT loss curves, |Δ log p| per token, the EOS probe, and the RAFT pair's shift anatomy (lib/gates/anatomy.py).
 plus gate G2 computed by 05_stats (alias `raft` vs its base on the shared eval units).
 
     python 06_report.py --run-dir runs/toy
@@ -33,14 +33,14 @@ import re
 import time
 from pathlib import Path
 
-from lib.cli import HelpFormatter
-from lib import figures
 from lib.artifacts import (ArtifactError, atomic_write_json, atomic_write_text, read_json, sha256_file, verify_dir,
                            wall_clock, write_manifest)
+from lib.cli import HelpFormatter
 from lib.errors import refuse_in_one_line
-from lib.campaign import earlier_runs, find_runs, find_units, manifest_runs, time_ledger
 from lib.registry import PAIRS
-from lib.stats import format_gain, verdict
+from lib.report import figures
+from lib.report.campaign import earlier_runs, find_runs, find_units, manifest_runs, time_ledger
+from lib.report.stats import format_gain, verdict
 
 STATS = ("teacher_gains", "student_gains", "transfer", "cap_sensitivity", "diagnostics", "training", "raft", "pending",
          "gates", "ledger")
@@ -126,7 +126,8 @@ def level_table(entries: list[dict], label_head: list[str], label, source: str) 
     rows = [[*label(e), lv, pct(r["acc_a"], 2), pct(r["acc_b"], 2), pp(r["gain_pp"]), ci(r["ci95_pp"]), r["p_str"],
              verdict(r), r["n_problems"]] for e in entries for lv, r in e.get("by_level", {}).items()]
     if rows:
-        table([*label_head, "level", "a acc", "b acc", "gain (pp)", "95 % CI", "p", "verdict", "problems"], rows, source)
+        table([*label_head, "level", "a acc", "b acc", "gain (pp)", "95 % CI", "p", "verdict", "problems"], rows,
+              source)
 
 
 def slug(s: str) -> str:
@@ -137,7 +138,8 @@ T, SG, TR, CAP, DG, TRN, RAFT, PEND, GATES, LEDGER = (S[k] for k in STATS)
 teacher, student, ratios, runs, diag = T["gains"], SG["gains"], TR["ratios"], TRN["runs"], DG["units"]
 diag_by_unit = {d["unit"]: d for d in diag}
 gate = T["gate"]
-gate_entry = next((t for t in teacher if (t["benchmark"], t["protocol"]) == (gate["benchmark"], gate["protocol"])), None)
+gate_entry = next((t for t in teacher if (t["benchmark"], t["protocol"]) == (gate["benchmark"], gate["protocol"])),
+                  None)
 primary = {}                         # benchmark → its primary protocol: the first the pair's eval list names for it
 for bench, proto in PAIRS[T["pair"]].evals:
     primary.setdefault(bench, proto)
@@ -159,7 +161,8 @@ else:
     tldr.append("Gates (01_gates): " + ("pending (gates/ has no manifest.json yet)." if GATES.get("pending")
                                         else "not run in this campaign directory."))
 scan, fam = SG["scan"], SG["family"]
-decided = {}                         # (reward, benchmark) → its verdict row: the primary protocol, else the first evaluated
+# (reward, benchmark) → its verdict row: the primary protocol, else the first evaluated
+decided = {}
 for e in SG["by_reward"]:
     k = (e["reward"], e["benchmark"])
     if k not in decided or (e["protocol"] == primary.get(e["benchmark"]) != decided[k]["protocol"]):
@@ -173,8 +176,8 @@ for e in decided:
                 f"latest evaluated checkpoint (step {', '.join(map(str, steps))}), {on}: gain {format_gain(d)}, "
                 f"Holm-adjusted p = {d['p_holm']:.4f} → **{d['verdict']}**.")
 if student:
-    tldr.append(f"Multiple comparisons: {fam['n_verdicts']} verdicts are drawn (one per reward × benchmark × protocol at "
-                f"the latest evaluated checkpoint, pooled over seeds where there are several), their p-values "
+    tldr.append(f"Multiple comparisons: {fam['n_verdicts']} verdicts are drawn (one per reward × benchmark × protocol "
+                f"at the latest evaluated checkpoint, pooled over seeds where there are several), their p-values "
                 f"Holm-adjusted, a verdict needing adjusted p < {fam['alpha']} and a CI excluding 0. In all "
                 f"{scan['n']} paired student gains were tested (every evaluated checkpoint); unadjusted, "
                 f"{scan['positive_significant']} have a CI above 0 and {scan['negative_significant']} below 0.")
@@ -198,7 +201,8 @@ for r in runs:
 for v in CAP["views"]:
     if (v["benchmark"], v["protocol"]) == (gate["benchmark"], gate["protocol"]):
         tldr.append(f"Cap sensitivity on {v['benchmark']}/{v['protocol']}: π_post held to π_pre's {v['cap']} tokens, "
-                    f"over-cap-as-wrong gain {format_gain(v['over_cap_as_wrong'])} (native {format_gain(v['native'])}).")
+                    f"over-cap-as-wrong gain {format_gain(v['over_cap_as_wrong'])} "
+                    f"(native {format_gain(v['native'])}).")
 key = (gate["benchmark"], primary.get(gate["benchmark"]))
 inits = [d for d in diag if d["role"] == "student_init" and (d["benchmark"], d["protocol"]) == key]
 last_step = {(g["run"]): g["step"] for g in student if g["latest"] and (g["benchmark"], g["protocol"]) == key}
@@ -234,8 +238,8 @@ table(["benchmark", "protocol", "π_pre acc", "π_post acc", "gain (pp)", "95 % 
 L += [f"Teacher-gain gate (DESIGN.md §6: paired gain on {gate['benchmark']} > 0 with a CI excluding 0): "
       f"**{'PASS' if gate['pass'] else 'FAIL'}** — {gate['reason']}.", ""]
 L += ["By difficulty level (a = π_pre, b = π_post; descriptive: each verdict at its own 95 % CI, unadjusted):", ""]
-level_table(teacher, ["benchmark", "protocol", "comparison"], lambda t: [t["benchmark"], t["protocol"], "π_post − π_pre"],
-            "`stats/teacher_gains.json` (by_level)")
+level_table(teacher, ["benchmark", "protocol", "comparison"],
+            lambda t: [t["benchmark"], t["protocol"], "π_post − π_pre"], "`stats/teacher_gains.json` (by_level)")
 if teacher:
     figure(figures.gains_forest([(f"{t['benchmark']}/{t['protocol']}", t) for t in teacher],
                                 "teacher gain π_post − π_pre", fig_dir / "teacher_gains.png"), "teacher gains")
@@ -253,14 +257,20 @@ if GATES.get("present"):
         models = ", ".join(f"{k} `{v}`" for k, v in sorted(an["models"].items()))
         L += [f"Shift anatomy (Δ = log π_post − log π_pre on the student's own samples; {models}):", ""]
         table(["measure", "value"],
-              [["sequences", an["n_sequences"]], ["tokens", an["n_tokens"]], ["fraction of tokens with Δ > 0", num(an["pos_frac"], 4)],
-               ["token-mean Δ", num(an["token_mean_delta"], 4)], ["student-weighted mean Δ", num(an["student_weighted_mean"], 4)],
-               ["… of those with \\|Δ\\| ≥ the tie tolerance", num(an.get("pos_frac_decided"), 4)], ["mean abs Δ", num(an["abs_mean_delta"], 4)],
+              [["sequences", an["n_sequences"]],
+               ["tokens", an["n_tokens"]],
+               ["fraction of tokens with Δ > 0", num(an["pos_frac"], 4)],
+               ["token-mean Δ", num(an["token_mean_delta"], 4)],
+               ["student-weighted mean Δ", num(an["student_weighted_mean"], 4)],
+               ["… of those with \\|Δ\\| ≥ the tie tolerance", num(an.get("pos_frac_decided"), 4)],
+               ["mean abs Δ", num(an["abs_mean_delta"], 4)],
                ["interior-token mean Δ", num(an["interior_mean_delta"], 4)],
-               ["Δ at the final stop token (mean)", num(st["mean_delta"], 4)], ["stopped sequences", st["n"]],
+               ["Δ at the final stop token (mean)", num(st["mean_delta"], 4)],
+               ["stopped sequences", st["n"]],
                ["log p(stop) at answer ends, π_pre", num(lp.get("pi_pre"), 4)],
                ["log p(stop) at answer ends, π_post", num(lp.get("pi_post"), 4)],
-               ["student accuracy on these samples", num(an["accuracy"], 4)], ["stop rate", num(an["stop_rate"], 4)],
+               ["student accuracy on these samples", num(an["accuracy"], 4)],
+               ["stop rate", num(an["stop_rate"], 4)],
                ["AUROC of sequence-mean Δ, length-controlled", num(auc.get("length_controlled"), 4)]],
               "`stats/gates.json` (anatomy)")
 else:
@@ -290,19 +300,21 @@ for r in runs:
                  num(wr["last"], 4), f"{wr['n_negative']}/{wr['n']}", num(kl[0]), num(kl[1]), num(ent[0]), num(ent[1]),
                  f"{num(gn['value'], 2)} @ {gn['step']}" if gn else "—", "yes" if r["watch_agrees"] else "**NO**"])
 table(["run", "reward", "training seed", "steps", "onset", "runaway", "band", "clip>0.9 span", "peak clip",
-       "reward mean first", "reward mean last", "reward mean < 0", "KL coef first", "KL coef last", "entropy first", "entropy last",
-       "grad-norm peak", "summary.json agrees"], rows, "`stats/training.json`")
+       "reward mean first", "reward mean last", "reward mean < 0", "KL coef first", "KL coef last", "entropy first",
+       "entropy last", "grad-norm peak", "summary.json agrees"], rows, "`stats/training.json`")
 for r in runs:
     figure(figures.training_curves(r, fig_dir / f"training_{slug(r['run'])}.png"), f"training curves {r['run']}")
 
 # --- 3. student gains ---
 L += ["## 3. Student gain per checkpoint", "",
       "Each row: the checkpoint's unit against the student's init, paired by problem; when the checkpoint unit has "
-      "fewer seeds (curve protocol) the init is restricted to the same seeds; a reduced unit pairs on its own problems. "
-      "Each verdict here is at its own 95 % CI, unadjusted; the verdicts the TL;DR draws (Holm-adjusted) are in §3.1.", ""]
+      "fewer seeds (curve protocol) the init is restricted to the same seeds; a reduced unit pairs on its own "
+      "problems. Each verdict here is at its own 95 % CI, unadjusted; the verdicts the TL;DR draws (Holm-adjusted) "
+      "are in §3.1.", ""]
 table(["run", "step", "unit", "benchmark", "protocol", "init acc", "ckpt acc", "gain (pp)", "95 % CI", "p", "verdict",
        "problems", "seeds", "ckpt truncation %"],
-      [[g["run"], g["step"], g["alias_b"], g["benchmark"], g["protocol"], pct(g["acc_a"], 2), pct(g["acc_b"], 2), pp(g["gain_pp"]),
+      [[g["run"], g["step"], g["alias_b"], g["benchmark"], g["protocol"],
+        pct(g["acc_a"], 2), pct(g["acc_b"], 2), pp(g["gain_pp"]),
         ci(g["ci95_pp"]), g["p_str"], verdict(g), g["n_problems"], g["n_seeds"],
         pct(diag_by_unit[g["unit_b"]]["truncation_pct"])] for g in student], "`stats/student_gains.json`, "
       "`stats/diagnostics.json` (truncation)")
@@ -311,8 +323,8 @@ L += ["By difficulty level (a = the student's init, b = the checkpoint; descript
 level_table(student, ["run", "step", "benchmark", "protocol"],
             lambda g: [g["run"], g["step"], g["benchmark"], g["protocol"]], "`stats/student_gains.json` (by_level)")
 L += [f"Gain scan: {scan['n']} paired student gains — {scan['positive_significant']} positive-significant, "
-      f"{scan['negative_significant']} negative-significant, {scan['not_significant']} not significant (each at its own "
-      f"95 % CI, before any multiple-comparison adjustment). Source: `stats/student_gains.json`", ""]
+      f"{scan['negative_significant']} negative-significant, {scan['not_significant']} not significant (each at its "
+      f"own 95 % CI, before any multiple-comparison adjustment). Source: `stats/student_gains.json`", ""]
 if SG["missing_baselines"]:
     L += ["Checkpoint units without a comparable student-init unit (not counted): " +
           ", ".join(f"`{m['unit']}`" for m in SG["missing_baselines"]), ""]
@@ -348,14 +360,16 @@ table(["reward", "benchmark", "protocol", "row", "step", "init acc", "ckpt acc",
 L += ["## 4. Transfer ratio of the Direct-OPD runs (five guards)", "",
       "Direct-OPD distils the shift π_post − π_pre, so its student gain is read against that teacher gain; classic "
       "OPD distils one teacher and has no such ratio. "
-      f"Student gain ÷ teacher gain, printed only when |teacher gain| ≥ {TR['min_teacher_gain_pp']} pp, teacher gain > 0, "
-      "its CI excludes 0, student gain > 0 and the student CI excludes 0; otherwise the failed guards are named.", ""]
+      f"Student gain ÷ teacher gain, printed only when |teacher gain| ≥ {TR['min_teacher_gain_pp']} pp, teacher "
+      "gain > 0, its CI excludes 0, student gain > 0 and the student CI excludes 0; otherwise the failed guards are "
+      "named.", ""]
 table(["run", "step", "benchmark", "protocol", "teacher protocol", "teacher gain", "teacher CI", "student gain",
        "student CI", "ratio"],
-      [[r["run"], r["step"], r["benchmark"], r["protocol"], r["teacher_protocol"], pp(r["teacher_gain_pp"]), ci(r["teacher_ci95_pp"]),
-        pp(r["student_gain_pp"]), ci(r["student_ci95_pp"]),
+      [[r["run"], r["step"], r["benchmark"], r["protocol"], r["teacher_protocol"], pp(r["teacher_gain_pp"]),
+        ci(r["teacher_ci95_pp"]), pp(r["student_gain_pp"]), ci(r["student_ci95_pp"]),
         num(r["ratio"]) if r["ratio"] is not None else "withheld: " + ", ".join(r["failed"])]
-       for r in ratios if r["latest"]], "`stats/transfer.json` (latest evaluated checkpoints; every checkpoint is in the file)")
+       for r in ratios if r["latest"]],
+      "`stats/transfer.json` (latest evaluated checkpoints; every checkpoint is in the file)")
 pts = []
 for r in ratios:
     if r["latest"]:
@@ -381,23 +395,29 @@ if bad:
 L += ["### 5.2 Answer-format split, primary protocol", ""]
 fmt_rows = [d for d in diag if primary.get(d["benchmark"]) == d["protocol"]]
 order = {"pi_pre": 0, "pi_post": 1, "raft_teacher": 2, "student_init": 3, "checkpoint": 4, "other": 5}
-fmt_rows.sort(key=lambda d: (d["benchmark"], order[d["role"]], d["train_run"] or "", d["train_step"] or 0, d["alias"]))
+fmt_rows.sort(key=lambda d: (d["benchmark"], order[d["role"]], d["train_run"] or "", d["train_step"] or 0,
+                            d["alias"]))
 table(["benchmark", "model", "role", "step", "answer_line %", "boxed %", "none %"],
       [[d["benchmark"], d["alias"], d["role"], num(d["train_step"]), pct(d["extractor_pct"]["answer_line"]),
-        pct(d["extractor_pct"]["boxed"]), pct(d["extractor_pct"]["none"])] for d in fmt_rows], "`stats/diagnostics.json`")
+        pct(d["extractor_pct"]["boxed"]), pct(d["extractor_pct"]["none"])] for d in fmt_rows],
+      "`stats/diagnostics.json`")
 if fmt_rows:
     figure(figures.answer_format([(f"{d['benchmark']} · {d['alias']}", d["extractor_pct"]) for d in fmt_rows],
-                                 "answer-format split (primary protocol)", fig_dir / "answer_format.png"), "answer format")
+                                 "answer-format split (primary protocol)", fig_dir / "answer_format.png"),
+           "answer format")
 L += ["### 5.3 Truncation: what truncated samples still extract and score", ""]
 table(["unit", "trunc %", "truncated samples", "max tokens", "extracted on truncated %", "acc on truncated %"],
       [[f"`{d['unit']}`", pct(d["truncation_pct"]), d["n_truncated"], d["max_tokens"],
-        pct(d["truncated_extracted_pct"]), pct(d["truncated_accuracy_pct"], 2)] for d in diag], "`stats/diagnostics.json`")
+        pct(d["truncated_extracted_pct"]), pct(d["truncated_accuracy_pct"], 2)] for d in diag],
+      "`stats/diagnostics.json`")
 L += ["### 5.4 Cap sensitivity — π_post held to π_pre's cap", "",
       "kept-only: π_post's accuracy on its samples within π_pre's cap, on the problems that have one (conditional, "
       "biased towards easy problems); over-cap-as-wrong: every longer sample counted wrong (a lower bound).", ""]
 rows = []
 for v in CAP["views"]:
-    for name, r in (("native", v["native"]), ("over-cap-as-wrong", v["over_cap_as_wrong"]), ("kept-only", v["kept_only"])):
+    for name, r in (("native", v["native"]),
+                    ("over-cap-as-wrong", v["over_cap_as_wrong"]),
+                    ("kept-only", v["kept_only"])):
         if r is not None:
             rows.append([v["benchmark"], v["protocol"], v["cap"], name, pct(r["acc_b"], 2), pp(r["gain_pp"]),
                          ci(r["ci95_pp"]), r["p_str"], r["n_problems"], pct(v["kept_sample_pct"])])
@@ -414,16 +434,19 @@ if not RAFT["present"]:
 else:
     rs = RAFT["stats"]
     g1 = rs.get("gate_g1") or {}
-    table(["prompts", "k", "kept", "keep rate %", "gate G1", "mean abs Δ log p per token", "EOS probe π_pre", "EOS probe RAFT"],
+    table(["prompts", "k", "kept", "keep rate %", "gate G1", "mean abs Δ log p per token", "EOS probe π_pre",
+           "EOS probe RAFT"],
           [[num(rs.get("n_prompts")), num(rs.get("k")), num(rs.get("kept")), pct(rs.get("keep_rate_pct")),
-            ("PASS" if g1.get("pass") else "FAIL") + (f" (≥ {g1['threshold']})" if "threshold" in g1 else "") if g1 else "—",
+            (("PASS" if g1.get("pass") else "FAIL") + (f" (≥ {g1['threshold']})" if "threshold" in g1 else "")
+             if g1 else "—"),
             num(rs.get("shift_abs_dlogp_per_token"), 4), num((rs.get("eos_probe") or {}).get("pi_pre"), 6),
             num((rs.get("eos_probe") or {}).get("raft"), 6)]], "`stats/raft.json`")
     if rs.get("keep_rate_by_level_pct"):
         table(["level", "keep rate %"], [[k, pct(v)] for k, v in sorted(rs["keep_rate_by_level_pct"].items())],
               "`stats/raft.json`")
     if rs.get("n_correct_of_k"):
-        table(["n correct of k", "prompts"], [[k, v] for k, v in sorted(rs["n_correct_of_k"].items())], "`stats/raft.json`")
+        table(["n correct of k", "prompts"], [[k, v] for k, v in sorted(rs["n_correct_of_k"].items())],
+              "`stats/raft.json`")
     if rs.get("rejection_reasons"):
         table(["rejection reason", "samples"], [[k, v] for k, v in sorted(rs["rejection_reasons"].items())],
               "`stats/raft.json`")
@@ -435,12 +458,14 @@ else:
         L += [f"Shift anatomy of the RAFT pair `{an['pair']}` on its student `{an['student']}` (01_gates' anatomy, "
               f"Δ = log p_RAFT − log p_π_pre on the student's own samples): gate **{an['status']}**.", ""]
         table(["measure", an["pair"]],
-              [["tokens", num(an.get("n_tokens"))], ["token-mean Δ", num(an.get("token_mean_delta"), 4)],
+              [["tokens", num(an.get("n_tokens"))],
+               ["token-mean Δ", num(an.get("token_mean_delta"), 4)],
                ["student-weighted mean Δ", num(an.get("student_weighted_mean"), 4)],
                ["% tokens with Δ > 0", pct(an.get("pos_frac_pct"))],
                ["mean abs Δ (shift magnitude)", num(an.get("abs_mean_delta"), 4)],
                ["Δ at the terminal stop token", num(an.get("stop_mean_delta"), 4)],
-               ["log p(stop) at answer ends, π_pre / RAFT", f"{num(lp.get('pi_pre'), 4)} / {num(lp.get('pi_post'), 4)}"],
+               ["log p(stop) at answer ends, π_pre / RAFT",
+                f"{num(lp.get('pi_pre'), 4)} / {num(lp.get('pi_post'), 4)}"],
                ["AUROC of sequence-mean Δ, length-controlled",
                 num(an.get("auroc_length_controlled")) + (f" {ci(auc)}" if auc else "")]], "`stats/raft.json`")
     g2 = RAFT["gate_g2"]
@@ -485,8 +510,11 @@ else:
     L += ["Nothing pending: every training run and eval unit found is finished.", ""]
 
 # --- 10. reproduction ---
-L += ["## 10. Rebuilding this report", "", "```", f"python 05_stats.py --run-dir runs/{run_dir.name} --pair {T['pair']}",
-      f"python 06_report.py --run-dir runs/{run_dir.name}", "```", "",
+L += ["## 10. Rebuilding this report", "",
+      "```",
+      f"python 05_stats.py --run-dir runs/{run_dir.name} --pair {T['pair']}",
+      f"python 06_report.py --run-dir runs/{run_dir.name}",
+      "```", "",
       "`MANIFEST.json` lists every input with its sha256; `CHECKSUMS.sha256` covers this bundle (`sha256sum -c`).", ""]
 
 # --- write ---

@@ -4,21 +4,21 @@ The campaign's mechanism experiment: a post-teacher that differs from π_pre onl
 an on-support shift (π_post ≈ π_pre wherever π_pre is right), the pair with which Direct-OPD stayed stable.
 
 Stage 1 `sample`  k samples per training prompt from π_pre (seeds 0..k-1 through lib.data.stable_seed, exactly the
-                  eval protocol's draws; T 0.7, top_p 0.95, π_pre's eval token cap), graded by lib.grading; the first
-                  sample in seed order that is correct and stopped is kept. Prompts go in round-robin chunks (prompt
-                  i → chunk i % 4, chunk 0 first), appended per batch with fsync: a partial run is a stratified sample
-                  and a killed run (or one stopped by --time-limit) resumes. Statistics and gate G1 (≥ --g1-min).
+                  eval protocol's draws; T 0.7, top_p 0.95, π_pre's eval token cap), graded by lib.eval.grading; the
+                  first sample in seed order that is correct and stopped is kept. Prompts go in round-robin chunks
+                  (prompt i → chunk i % 4, chunk 0 first), appended per batch with fsync: a partial run is a stratified
+                  sample and a killed run (or one stopped by --time-limit) resumes. Statistics and gate G1 (≥ --g1-min).
 Stage 2 `sft`     SFT of π_pre on the kept (prompt ids under π_pre's template + the kept completion ids, stop token
                   included), loss on the completion only — every example's mask is verified by decoding. 95/5
                   train/val split, AdamW lr 1e-5 cosine to 0 after 5 % warmup, 2 epochs, global batch 64 (token-mean
-                  over the global batch), fp32 master weights under bf16 autocast, FSDP2 (lib.dist, the code of
+                  over the global batch), fp32 master weights under bf16 autocast, FSDP2 (lib.train.dist, the code of
                   03_opd_train; a plain `python` run is a group of one). Val loss at 0/25/50/75/100 % and a merged
                   HF checkpoint at each of 25/50/75/100 %: config and tokenizer files byte-identical to π_pre's, a
                   tied lm_head not written. `raft/model` = the 100 % checkpoint (hard links).
 Stage 3 `probe`   on the held-out 5 %: the shift sanity (mean |log p_raft − log p_pre| per completion token) and the
-                  EOS probe (mean log p of the stop token at the true end, π_pre vs RAFT), both through lib.scoring;
-                  the weight change; and the shift anatomy of the RAFT pair (lib/anatomy.py, 01_gates' driver: the
-                  student samples, π_pre and RAFT score) → raft/anatomy/.
+                  EOS probe (mean log p of the stop token at the true end, π_pre vs RAFT), both through
+                  lib.train.scoring; the weight change; and the shift anatomy of the RAFT pair (lib/gates/anatomy.py,
+                  01_gates' driver: the student samples, π_pre and RAFT score) → raft/anatomy/.
 
 Reads:  the pair's π_pre and training prompts (lib/registry.py). Writes <run-dir>/raft/:
     samples/chunk_{0..3}.jsonl, samples/config.json   one row per prompt: its k graded samples, the kept seed
@@ -49,13 +49,14 @@ from lib.cpu_repro import pin_if_toy
 pin_if_toy(sys.argv)  # the toy world's CPU math is pinned before torch is imported (lib/cpu_repro.py)
 import torch
 
-from lib.cli import HelpFormatter, positive_int
-from lib import anatomy as lib_anatomy     # the shift anatomy of 01_gates, one driver for both stages
-from lib import benchmarks, models, raft, registry, runs, sft_fsdp
+from lib import benchmarks, models, registry, runs
 from lib.artifacts import (atomic_write_json, atomic_write_jsonl, read_json, read_jsonl, read_manifest, sha256_bytes,
                            sha256_file, verify_dir, wall_clock, write_manifest)
+from lib.cli import HelpFormatter, positive_int
 from lib.data import assistant_header, evenly_spaced, prompt_ids, stable_seed
-from lib.sft import ADAM_BETAS, batch_plan, completion_labels
+from lib.gates import anatomy as lib_anatomy     # the shift anatomy of 01_gates, one driver for both stages
+from lib.train import raft, sft_fsdp
+from lib.train.sft import ADAM_BETAS, batch_plan, completion_labels
 EVAL = registry.PROTOCOLS["sample4"]
 T_START = time.monotonic()         # --time-limit counts from here: the process start
 
@@ -64,17 +65,20 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     a = p.add_argument
     a("--run-dir", required=True, help="campaign directory; outputs go to <run-dir>/raft/")
-    a("--pair", default="toy", choices=sorted(registry.PAIRS), help="whose π_pre and training prompts (toy, toy-raft, raft, …)")
+    a("--pair", default="toy", choices=sorted(registry.PAIRS),
+      help="whose π_pre and training prompts (toy, toy-raft, raft, …)")
     a("--stage", default="all", choices=["sample", "sft", "probe", "all"], help="which stage(s) to run")
     # stage 1
     a("--k", type=positive_int, default=4, help="samples per prompt, seeds 0..k-1 (DESIGN.md §9: 4)")
     a("--temperature", type=float, default=EVAL.temperature, help="sampling temperature (the eval protocol's)")
     a("--top-p", type=float, default=EVAL.top_p, help="sampling top-p (the eval protocol's)")
     a("--max-new-tokens", type=positive_int, default=None, help="token cap (default: π_pre's registry eval cap)")
-    a("--limit-prompts", type=positive_int, default=None, help="only the N evenly spaced training prompts (a smaller run)")
+    a("--limit-prompts", type=positive_int, default=None,
+      help="only the N evenly spaced training prompts (a smaller run)")
     a("--chunks", type=positive_int, default=4, help="round-robin chunks: prompt i goes to chunk i %% chunks")
-    a("--batch-prompts", type=positive_int, default=64, help="prompts per sampling batch (each batch is appended + fsynced)")
-    a("--backend", default="hf", choices=["hf", "vllm"], help="sampling backend (lib/sampling.py)")
+    a("--batch-prompts", type=positive_int, default=64,
+      help="prompts per sampling batch (each batch is appended + fsynced)")
+    a("--backend", default="hf", choices=["hf", "vllm"], help="sampling backend (lib/sample/engine.py)")
     a("--sample-batch", type=positive_int, default=64, help="sequences per generate() call (hf backend)")
     a("--gpu-memory-utilization", type=float, default=0.85, help="vLLM's share of GPU memory")
     a("--grade-timeout", type=float, default=5.0, help="wall-clock bound per graded sample, seconds")
@@ -93,7 +97,8 @@ def parse_args(argv=None):
     a("--micro-batch", type=positive_int, default=2, help="examples per forward/backward on each process")
     a("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
     a("--grad-clip", type=float, default=1.0, help="max global grad norm")
-    a("--no-bf16", dest="bf16", action="store_false", help="fp32 compute instead of bf16 autocast (fp32 master either way)")
+    a("--no-bf16", dest="bf16", action="store_false",
+      help="fp32 compute instead of bf16 autocast (fp32 master either way)")
     a("--activation-checkpointing", action="store_true", help="recompute decoder layers in backward")
     a("--seed", type=int, default=42, help="train/val split and batch order")
     a("--nproc", type=positive_int, default=1, help="run the SFT on this many local processes through torchrun")
@@ -141,8 +146,8 @@ def stage_sample(args, out, base, pre, tok, rows):
         log(f"[07] stage 1 done earlier ({read_json(out / 'stage1.json')['kept']} kept): skipped")
         return
     atomic_write_json(out / "samples" / "config.json", config)
-    from lib.grading import grade_many
-    from lib.sampling import load_engine, sample
+    from lib.eval.grading import grade_many
+    from lib.sample.engine import load_engine, sample
     kw = chat_kwargs(base)
     prompts = [prompt_ids(tok, r["problem"], **kw) for r in rows]
     engine = None
@@ -184,8 +189,8 @@ def stage_sample(args, out, base, pre, tok, rows):
     done = raft.rejection_sample(items, draw, out / "samples", n_chunks=args.chunks, batch_prompts=args.batch_prompts,
                                  log=log, budget=runs.Budget(args.time_limit, t0=T_START))
     if len(done) < len(items):
-        log(f"[07] stopped for the time budget (--time-limit {args.time_limit:g}s): {len(done)} of {len(items)} prompts "
-            f"sampled and on disk; rerun the same command to continue")
+        log(f"[07] stopped for the time budget (--time-limit {args.time_limit:g}s): {len(done)} of {len(items)} "
+            f"prompts sampled and on disk; rerun the same command to continue")
         return "time_limit"
     del engine
     gc.collect()
@@ -210,12 +215,15 @@ def stage_sample(args, out, base, pre, tok, rows):
 def sft_config(args, base, kept_sha) -> dict:
     keys = ("val_frac", "lr", "warmup_frac", "schedule", "epochs", "batch_size", "weight_decay", "grad_clip", "bf16",
             "seed")
-    return {"base": base, "kept_sha256": kept_sha, "adam_betas": list(ADAM_BETAS), **{k: getattr(args, k) for k in keys}}
+    return {"base": base,
+            "kept_sha256": kept_sha,
+            "adam_betas": list(ADAM_BETAS),
+            **{k: getattr(args, k) for k in keys}}
 
 
 def stage_sft(args, out, base, pre, tok):
-    from lib import dist as D
-    from lib.sampling import stop_ids
+    from lib.sample.engine import stop_ids
+    from lib.train import dist as D
     d = D.init()
     t0 = time.monotonic()
     verify_dir(out, ["kept.jsonl", "stage1.json"])
@@ -242,7 +250,8 @@ def stage_sft(args, out, base, pre, tok):
         mask_check = mask_check or {"example_id": r["id"], **check}
         examples.append((ids, labels))
     train_idx, val_idx = raft.split(len(examples), args.val_frac, args.seed)
-    plan = [[train_idx[i] for i in step] for step in batch_plan(len(train_idx), args.batch_size, args.epochs, args.seed)]
+    plan = [[train_idx[i] for i in step]
+            for step in batch_plan(len(train_idx), args.batch_size, args.epochs, args.seed)]
     total, warmup = len(plan), int(args.warmup_frac * len(plan))
     saves: dict[int, list[str]] = {}                 # step → checkpoint tags (a short run may put two on one step)
     for tag, step in raft.checkpoint_steps(total).items():
@@ -283,16 +292,28 @@ def stage_sft(args, out, base, pre, tok):
     res = sft_fsdp.train(model, optim, examples, train_idx, val_idx, plan, d, lr=args.lr, warmup=warmup,
                          schedule=args.schedule, grad_clip=args.grad_clip, micro_batch=args.micro_batch, bf16=args.bf16,
                          pad_id=pad_id, saves=saves, save=save, record=record, log=log)
-    val_curve, train_curve, tokens_seen, max_gn = res["val_curve"], res["train_curve"], res["tokens_seen"], res["max_gn"]
+    val_curve, train_curve = res["val_curve"], res["train_curve"]
+    tokens_seen, max_gn = res["tokens_seen"], res["max_gn"]
     if d.main:
         raft.link_tree(out / "ckpt_100", out / "model")
         atomic_write_json(out / "sft.json", {
-            "config": config, "n_train": len(train_idx), "n_val": len(val_idx), "val_ids": [kept[i]["id"] for i in val_idx],
-            "steps": total, "warmup_steps": warmup, "checkpoints": raft.checkpoint_steps(total),
-            "val_loss": val_curve, "train_loss": train_curve, "supervised_tokens": tokens_seen,
-            "max_grad_norm": max_gn, "tied_embeddings": tied, "mask_check": {"n_checked": len(examples), **mask_check},
+            "config": config,
+            "n_train": len(train_idx),
+            "n_val": len(val_idx),
+            "val_ids": [kept[i]["id"] for i in val_idx],
+            "steps": total,
+            "warmup_steps": warmup,
+            "checkpoints": raft.checkpoint_steps(total),
+            "val_loss": val_curve,
+            "train_loss": train_curve,
+            "supervised_tokens": tokens_seen,
+            "max_grad_norm": max_gn,
+            "tied_embeddings": tied,
+            "mask_check": {"n_checked": len(examples), **mask_check},
             "precision": "fp32 master weights, " + ("bf16 autocast" if args.bf16 else "fp32 compute"),
-            "world_size": d.world, "device": d.device.type, "wall_s": time.monotonic() - t0})
+            "world_size": d.world,
+            "device": d.device.type,
+            "wall_s": time.monotonic() - t0})
         log(f"[07] SFT done: val loss {' → '.join(f'{v:.4f}' for _, v in val_curve)}; {out / 'model'}")
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
@@ -330,7 +351,7 @@ def stage_probe(args, out, base, pre, tok):
 
 
 def anatomy(args, out, pair_name) -> dict:
-    """01_gates' shift anatomy of the RAFT pair (lib/anatomy.py, the same driver): the pair's student samples the
+    """01_gates' shift anatomy of the RAFT pair (lib/gates/anatomy.py, the same driver): the pair's student samples the
     training prompts, π_pre and RAFT score its tokens. Written to raft/anatomy/; the headline numbers are returned."""
     pair = registry.PAIRS[pair_name]
     student = registry.STUDENTS[pair.student]
@@ -364,12 +385,16 @@ def write_stats(args, out, base, pre, started, wall, stage):
             "kept_extractors", "kept_verify_methods", "max_new_tokens")
     stats = {"base": base, "pair": args.pair, **{k: s1[k] for k in keys if k in s1}}
     if sft:
-        stats["sft"] = {k: sft[k] for k in ("val_loss", "train_loss", "n_train", "n_val", "steps", "warmup_steps",
-                                            "checkpoints", "supervised_tokens", "max_grad_norm", "precision",
-                                            "world_size")} | {"lr": sft["config"]["lr"], "epochs": sft["config"]["epochs"],
-                                                              "batch_size": sft["config"]["batch_size"]}
+        stats["sft"] = ({k: sft[k] for k in ("val_loss", "train_loss", "n_train", "n_val", "steps", "warmup_steps",
+                                             "checkpoints", "supervised_tokens", "max_grad_norm", "precision",
+                                             "world_size")}
+                        | {"lr": sft["config"]["lr"],
+                           "epochs": sft["config"]["epochs"],
+                           "batch_size": sft["config"]["batch_size"]})
     if pr:
-        stats |= {"shift_abs_dlogp_per_token": pr["shift"]["abs_mean"], "shift": pr["shift"], "eos_probe": pr["eos_probe"],
+        stats |= {"shift_abs_dlogp_per_token": pr["shift"]["abs_mean"],
+                  "shift": pr["shift"],
+                  "eos_probe": pr["eos_probe"],
                   "weights": pr["weights"]}
         if "anatomy" in pr:
             stats["anatomy"] = pr["anatomy"]

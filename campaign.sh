@@ -45,7 +45,7 @@ else
   RAFT_FLAGS=""
 fi
 
-echo "== 0. the toy world (cached by a hash of its code; checked against the committed lib/toy_world.sha256) =="
+echo "== 0. the toy world (cached by a hash of its code; checked against the committed lib/toy/world.sha256) =="
 if [ "$PAIR" = toy ]; then
   python -c "from lib import toy; print(toy.build()); print(toy.check_expected(toy.world())[1])"
 fi

@@ -58,7 +58,9 @@ def sha256_tree(root: str | Path, pattern: str = "*") -> str:
 
 def code_hashes(script: str | Path) -> dict:
     """sha256 of the stage script and of the whole `lib/` package: the code that produced an artifact."""
-    return {"script": Path(script).name, "script_sha256": sha256_file(script), "lib_sha256": sha256_tree(REPO / "lib", "*.py")}
+    return {"script": Path(script).name,
+            "script_sha256": sha256_file(script),
+            "lib_sha256": sha256_tree(REPO / "lib", "*.py")}
 
 
 def git_commit() -> str | None:
@@ -139,7 +141,8 @@ def read_jsonl(path: str | Path) -> list[dict]:
                 try:
                     rows.append(json.loads(line))
                 except json.JSONDecodeError as e:
-                    raise ArtifactError(f"{path}:{i} is not valid JSON ({e}); the file is corrupt — re-run the stage that wrote it") from e
+                    raise ArtifactError(f"{path}:{i} is not valid JSON ({e}); the file is corrupt — "
+                                        "re-run the stage that wrote it") from e
     return rows
 
 
@@ -224,7 +227,8 @@ def verify_dir(out_dir: str | Path, files: list[str] | None = None) -> dict:
         if got != want:
             raise ArtifactError(
                 f"{p} has sha256 {got[:12]}… but {out_dir / MANIFEST} recorded {want[:12]}…: the file changed after "
-                f"{m['stage']} wrote it. Re-run {m['stage']} for this directory (delete it first) — it is not used as is.")
+                f"{m['stage']} wrote it. Re-run {m['stage']} for this directory (delete it first) "
+                "— it is not used as is.")
     return m
 
 

@@ -40,8 +40,8 @@ def benchmark_source(name: str) -> str:
                         f".jsonl/.parquet file")
     b = BENCHMARKS[name]
     if name.startswith("toy"):
-        from lib import toy
-        return str(toy.build() / "data" / b.file)
+        from lib.toy import builder
+        return str(builder.build() / "data" / b.file)
     d = data_dir()
     if d is not None and (d / b.file).exists():
         return str(d / b.file)

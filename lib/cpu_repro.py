@@ -3,7 +3,7 @@
 Measured: repeated builds on one machine, and builds on machines of one CPU model (AMD EPYC), gave the same bytes;
 an Intel Xeon (AVX-512 and AMX) built different ones with the same pins and library versions, so the pins do not
 make bytes vendor-independent (which library rounds differently there is not established: MKL's AVX2 branch on a
-non-Intel CPU is the first suspect). lib/toy_world.sha256 therefore holds one block of sha256 per CPU model.
+non-Intel CPU is the first suspect). lib/toy/world.sha256 therefore holds one block of sha256 per CPU model.
 
 One thread fixes the order of every reduction on one machine, but the kernels themselves are picked per CPU: ATen
 dispatches its vectorised ops (softmax, exp, norms, reductions) to AVX2 or AVX-512 code with FMA and SLEEF, MKL's

@@ -111,10 +111,10 @@ class NotFetched(UserError):
 def verified_toy_model(name: str) -> Path:
     """The cached toy model's folder, its weights checked against the sha256 the build recorded in world.json: a
     changed byte in the cache is refused (it would pass for the world its hash names), not silently evaluated."""
-    from lib import toy
     from lib.artifacts import sha256_file
-    path = toy.model_dir(name)
-    want = toy.world()["models"][name]["safetensors_sha256"]
+    from lib.toy import builder
+    path = builder.model_dir(name)
+    want = builder.world()["models"][name]["safetensors_sha256"]
     got = sha256_file(path / "model.safetensors")
     if got != want:
         raise UserError(f"toy model {name}: {path / 'model.safetensors'} has sha256 {got[:12]}… but the build recorded "
@@ -127,8 +127,8 @@ def resolve_model(name: str, run_dir: str | Path | None = None, revision: str | 
     base_name, revision = split_revision(name, revision)
     m = registered(base_name)
     if m is not None and m.toy:
-        from lib import toy
-        return Resolved(m.alias, verified_toy_model(m.toy), resolved_revision="toy:" + toy.world_hash())
+        from lib.toy import builder
+        return Resolved(m.alias, verified_toy_model(m.toy), resolved_revision="toy:" + builder.world_hash())
     if m is not None and m.shape:
         from lib import shapes
         return Resolved(m.alias, shapes.model_dir(*m.shape), resolved_revision=f"random:{m.shape[0]}:seed{m.shape[1]}")

@@ -18,7 +18,7 @@ class Model:
     alias: str
     hub_id: str | None = None
     revision: str | None = None       # the pinned hub commit (40 hex); every hub model has one
-    toy: str | None = None            # name inside the toy world (lib/toy.py)
+    toy: str | None = None            # name inside the toy world (lib/toy/builder.py)
     run_path: str | None = None       # folder relative to the campaign directory
     shape: tuple | None = None        # (real shape, seed): random weights for speed runs (lib/shapes.py)
     eval_max_new_tokens: int = EVAL_MAX_NEW_TOKENS
@@ -29,11 +29,13 @@ class Model:
 MODELS = {m.alias: m for m in [
     Model("qwen2.5-math-1.5b", "Qwen/Qwen2.5-Math-1.5B", "4a83ca6e4526a4f2da3aa259ec36c259f66b2ab2",
           eval_max_new_tokens=3_200,
-          template_note="injects the system prompt 'Please reason step by step, and put your final answer within \\boxed{}.'"),
+          template_note="injects the system prompt 'Please reason step by step, and put your final answer within "
+                        "\\boxed{}.'"),
     Model("qwen2.5-1.5b-instruct", "Qwen/Qwen2.5-1.5B-Instruct", "989aa7980e4cf806f80c7fef2b1adb7bc71aa306",
           template_note="injects 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.'"),
     Model("openthinker3-1.5b", "open-thoughts/OpenThinker3-1.5B", "0ee90a38b29bfac8b8b005da9ae32c59e2943785"),
-    Model("r1-distill-qwen-1.5b", "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", "ad9f0ae0864d7fbcd1cd905e3c6c5b069cc8b562",
+    Model("r1-distill-qwen-1.5b", "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B",
+          "ad9f0ae0864d7fbcd1cd905e3c6c5b069cc8b562",
           template_note="force-opens <think> after the assistant header; special ids 151643-151649 differ from Qwen's"),
     Model("justrl-deepseek-1.5b", "hbx/JustRL-DeepSeek-1.5B", "0637e4096c789c67f9eecbe8355e0bdeddede1c2",
           template_note="DeepSeek template: force-opens <think>"),
@@ -48,7 +50,7 @@ MODELS = {m.alias: m for m in [
           "d46294c2a827c8558547c8ebac96a49b7a8410bb",
           template_note="π_pre's template, copied byte-identical"),
     Model("raft", run_path="raft/model", template_note="π_pre's template, copied byte-identical"),
-    # the toy world (DESIGN.md §10): built locally by lib/toy.py, cached by a hash of its code and seed
+    # the toy world (DESIGN.md §10): built locally by lib/toy/builder.py, cached by a hash of its code and seed
     Model("toy-pre", toy="pre", eval_max_new_tokens=96),
     Model("toy-post", toy="post", eval_max_new_tokens=96),
     Model("toy-post-offsupport", toy="post-offsupport", eval_max_new_tokens=96),

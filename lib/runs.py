@@ -93,7 +93,8 @@ def clear_partial(out: Path) -> list[str]:
     half-written HF folders). Returns the names removed."""
     out, gone = Path(out), []
     for p in sorted(out.glob("*")):
-        if p.name in ("metrics.jsonl", "summary.json", RESUME_TMP, RESUME_OLD, "tensorboard") or p.name.startswith("step_"):
+        if (p.name in ("metrics.jsonl", "summary.json", RESUME_TMP, RESUME_OLD, "tensorboard")
+                or p.name.startswith("step_")):
             shutil.rmtree(p) if p.is_dir() else p.unlink()
             gone.append(p.name)
     return gone
@@ -152,7 +153,8 @@ class Budget:
 # --- integrity: sha256 of every file of a checkpoint folder, recorded when written, verified on load ---
 
 def write_integrity(folder: Path) -> None:
-    """`folder/integrity.json` = {file name: sha256} of the folder's files; written last, it marks the folder complete."""
+    """`folder/integrity.json` = {file name: sha256} of the folder's files; written last, it marks the folder
+    complete."""
     folder = Path(folder)
     atomic_write_json(folder / INTEGRITY, {p.name: sha256_file(p) for p in sorted(folder.iterdir())
                                            if p.is_file() and p.name != INTEGRITY})

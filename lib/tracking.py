@@ -37,7 +37,8 @@ class TensorBoard(Tracker):
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
             raise SystemExit("--logger tensorboard needs the tensorboard package: pip install tensorboard") from None
-        self.w = SummaryWriter(log_dir=str(Path(out) / "tensorboard"), purge_step=resume_step + 1 if resume_step else None)
+        self.w = SummaryWriter(log_dir=str(Path(out) / "tensorboard"),
+                               purge_step=resume_step + 1 if resume_step else None)
         if not resume_step:
             self.w.add_text("config", "\n".join(f"    {k}: {v}" for k, v in sorted(config.items())), 0)
 

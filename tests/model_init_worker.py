@@ -13,9 +13,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch                                                              # noqa: E402
 from transformers import AutoModelForCausalLM                             # noqa: E402
 
-from lib import dist as D                                                 # noqa: E402
-from lib.model_init import build_scorer                                   # noqa: E402
-from lib.scoring import TokenScorer, pack                                 # noqa: E402
+from lib.train import dist as D                                                 # noqa: E402
+from lib.train.model_init import build_scorer                                   # noqa: E402
+from lib.train.scoring import TokenScorer, pack                                 # noqa: E402
 
 
 def full(t):

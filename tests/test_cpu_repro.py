@@ -14,7 +14,7 @@ from lib.artifacts import REPO, write_manifest
 
 HOSTILE = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE", "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
 
-# A tiny Qwen2 trained 12 SFT steps (lib/sft.py) in a fresh process; prints the sha256 of its weights, the kernel
+# A tiny Qwen2 trained 12 SFT steps (lib/train/sft.py) in a fresh process; prints the sha256 of its weights, the kernel
 # capability torch used and the thread count. argv[1]: "pin" calls cpu_repro.pin() before torch is imported.
 TRAIN_TINY = textwrap.dedent("""
     import hashlib, random, sys
@@ -24,7 +24,7 @@ TRAIN_TINY = textwrap.dedent("""
         cpu_repro.pin()
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
-    from lib.sft import train_sft
+    from lib.train.sft import train_sft
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(Qwen2Config(vocab_size=128, hidden_size=128, intermediate_size=256, num_hidden_layers=1,
                                          num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128,

@@ -115,8 +115,8 @@ def test_a_stage_prints_one_line_and_no_traceback(tmp_path):
                                     "JSON string"),
 ])
 def test_03_refuses_bad_training_data_before_loading_the_student(tmp_path, content, message):
-    from lib import toy
-    toy.build()
+    from lib.toy import builder
+    builder.build()
     p = tmp_path / "prompts.jsonl"
     p.write_text(content)
     r = subprocess.run([sys.executable, "03_opd_train.py", "--pair", "toy", "--train-data", str(p), "--batch-prompts",

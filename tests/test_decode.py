@@ -1,4 +1,4 @@
-"""lib/decode.py's loop against independent references on a tiny random Qwen2 (fp32, CPU):
+"""lib/sample/decode.py's loop against independent references on a tiny random Qwen2 (fp32, CPU):
 
 - greedy = `model.generate` per prompt (unpadded), with odd prompt lengths, fewer slots than requests (refills), a
   row that stops early and rows that hit the cap, in the default CPU configuration and in the GPU one (several steps
@@ -8,7 +8,7 @@
   training loop's `rollout/logprob_gap` must stay < 1e-3 in fp32);
 - the fast step (v2, CUDA's default) run eagerly on CPU: greedy = `generate` with fused q|k|v and gate|up GEMMs,
   with v1's attention and with the Triton split-K kernel (Triton's interpreter, TRITON_INTERPRET=1, set here
-  before the kernel module is imported), and with all four GEMMs by lib/skinny_gemm.py's Triton partials; the
+  before the kernel module is imported), and with all four GEMMs by lib/sample/skinny_gemm.py's Triton partials; the
   kernel alone against a float64 reference, cache write included;
   weights pushed by HFEngine.update_weights reach the fused copies (a stale copy fails it); CUDA's configuration
   constructs here (its compiled blocks are not run on CPU).
@@ -25,9 +25,9 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from lib.decode import Decoder  # noqa: E402
-from lib.draw import M32, draw_tokens, gumbel_noise, split_seeds, uniform52  # noqa: E402
-from lib.sampling import HFEngine, sample  # noqa: E402
+from lib.sample.decode import Decoder  # noqa: E402
+from lib.sample.draw import M32, draw_tokens, gumbel_noise, split_seeds, uniform52  # noqa: E402
+from lib.sample.engine import HFEngine, sample  # noqa: E402
 from test_sampling import build_tokenizer, forward_logprobs, reference_probs  # noqa: E402
 
 MAX_NEW = 9
@@ -85,7 +85,7 @@ def test_greedy_equals_generate_with_refills_stops_and_caps(tiny, config):
 
 
 def reference_draw(logits: list[float], seed: int, step: int, T: float, top_p: float, mode: str) -> int:
-    """One draw written from the definitions in lib/draw.py's docstring, in Python floats where it can be."""
+    """One draw written from the definitions in lib/sample/draw.py's docstring, in Python floats where it can be."""
     probs = reference_probs(logits, T, top_p)
     lo, hi = split_seeds([seed])
     if mode == "exact":
@@ -138,7 +138,7 @@ def test_split_attention_kernel_equals_a_float64_reference_and_writes_the_new_ro
     tiles of 64, 2 stages: 2 chunks, the last ragged) or chunks of 32 in tiles of 16 read through tensor
     descriptors; positions 0, edge − 1, edge (a chunk boundary) and T − 1; the new k, v come from the arguments,
     land in the cache at pos, and nothing else is written."""
-    from lib.decode_triton import SplitAttention
+    from lib.sample.decode_triton import SplitAttention
     S, H, Hkv, D, dev = 4, 6, 2, 32, "cuda" if torch.cuda.is_available() else "cpu"
     g = torch.Generator().manual_seed(0)
     kc, vc = (torch.randn(S, Hkv, T, D, generator=g).to(dev, dtype) for _ in range(2))
@@ -165,7 +165,7 @@ def test_split_attention_ignores_every_cache_row_at_or_past_pos(tma):
     call's, whether tiles are read by masked pointer loads or as whole boxes through tensor descriptors (`tma`,
     which read the poisoned rows and must discard them). Positions: 0, a tile's last row, a tile's first row, a
     chunk's first row, T − 1 (T = 90: 3 chunks, the last ragged, its last box past the cache's end)."""
-    from lib.decode_triton import SplitAttention
+    from lib.sample.decode_triton import SplitAttention
     S, H, Hkv, D, T, dev = 5, 6, 2, 32, 90, "cuda" if torch.cuda.is_available() else "cpu"
     g = torch.Generator().manual_seed(1)
     kc, vc = (torch.randn(S, Hkv, T, D, generator=g).to(dev) for _ in range(2))
@@ -190,7 +190,7 @@ def test_split_attention_ignores_every_cache_row_at_or_past_pos(tma):
 def test_split_attention_neither_writes_nor_reads_the_partials_of_chunks_past_pos():
     """Chunks that start after a slot's position are skipped by the split (their partials stay as they were) and
     left out by the combine: partial buffers poisoned with NaN give the clean call's output bit for bit."""
-    from lib.decode_triton import SplitAttention
+    from lib.sample.decode_triton import SplitAttention
     S, H, Hkv, D, T = 3, 6, 2, 32, 90
     g = torch.Generator().manual_seed(2)
     kc, vc = (torch.randn(S, Hkv, T, D, generator=g) for _ in range(2))
@@ -213,7 +213,7 @@ def test_compiled_block_keeps_the_residual_add_out_of_the_gemm():
     does eagerly: Inductor must compile three plain GEMMs (o, gate|up, down), no addmm (which would fold the add
     into the GEMM, round once, and on CUDA first copy the residual into the output)."""
     from torch._inductor.utils import run_and_get_code
-    from lib.decode_step import make_blocks
+    from lib.sample.decode_step import make_blocks
     torch.manual_seed(0)
     S, E, FF = 8, 64, 128
     bf = dict(dtype=torch.bfloat16)
@@ -229,7 +229,7 @@ def test_compiled_block_keeps_the_residual_add_out_of_the_gemm():
 def test_attn_in_rotates_q_and_k_together_as_each_alone(compiled):
     """v2's attn_in with one q|k|v GEMM rotates q and k as one tensor: each must equal the model's own rotation of
     its projection (eagerly bit for bit; compiled by Inductor, up to its GEMM's float32 rounding), v unrotated."""
-    from lib.decode_step import _rope, make_blocks
+    from lib.sample.decode_step import _rope, make_blocks
     g = torch.Generator().manual_seed(3)
     S, E, H, Hkv, D = 5, 64, 6, 2, 16
     h, w, b = (torch.randn(*shape, generator=g) for shape in ((S, E), ((H + 2 * Hkv) * D, E), ((H + 2 * Hkv) * D,)))
@@ -247,7 +247,7 @@ def test_attn_in_rotates_q_and_k_together_as_each_alone(compiled):
 def test_skinny_gemm_options_run_every_projection_through_the_kernel(tiny, monkeypatch):
     """gemm_opts reach the blocks: each decode step calls the Triton partials once per projection and layer, with
     that projection's tiling (the greedy test above checks the tokens)."""
-    import lib.skinny_gemm as sk
+    import lib.sample.skinny_gemm as sk
     calls, real = [], sk.skinny_partials
     monkeypatch.setattr(sk, "skinny_partials", lambda x, w, *t: calls.append((tuple(w.shape), t)) or real(x, w, *t))
     dec = Decoder(tiny[1], slots=2, max_len=16, max_new_tokens=3, stop_ids=[0], mode="fast", **V2_TRITON | SKINNY)

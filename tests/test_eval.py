@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from helpers import run_script
-from lib import benchmarks, models, toy
+from lib import benchmarks, models
 from lib.artifacts import read_json, read_jsonl, verify_dir, write_manifest
-from lib.toy_task import extract_int
+from lib.toy import builder
+from lib.toy.task import extract_int
 
 pytestmark = pytest.mark.e2e
 
@@ -22,7 +23,7 @@ def run(*args, check=True):
 
 @pytest.fixture(scope="module")
 def world():
-    return toy.build()
+    return builder.build()
 
 
 def unit(run_dir, alias, protocol="greedy"):
@@ -52,7 +53,7 @@ def test_unit_contents(world, tmp_path):
 
 
 def check_numbers_against_rows(scores, rows):
-    """Every number of scores.json recomputed here from the unit's own per-sample verdicts, not by lib/units.py."""
+    """Every number of scores.json recomputed here from the unit's own per-sample verdicts, not by lib/eval/units.py."""
     order = list(dict.fromkeys(r["problem_id"] for r in rows))          # problems in the order the rows hold them
     acc_P = np.array([np.mean([r["correct"] for r in rows if r["problem_id"] == p]) for p in order])
     assert scores["n_problems"] == len(order) and scores["n_samples"] == len(rows)
@@ -76,8 +77,8 @@ def test_summarize_on_synthetic_rows():
     """The same recomputation on 40 problems of varied accuracy (the toy unit's 6 problems are too coarse for the CI
     percentiles to show; seeds per problem vary so the means are not on a coarse grid), with truncations, both
     extractors, fallback paths and two timeouts."""
-    from lib.grading import Grade
-    from lib.units import grading_summary, summarize
+    from lib.eval.grading import Grade
+    from lib.eval.units import grading_summary, summarize
     rng = np.random.default_rng(0)
     rows, grades = [], []
     for p in range(40):

@@ -1,10 +1,10 @@
-"""Tests of lib/extract.py (DESIGN.md §5): where the answer is looked for, the fallback paths of a prose Answer: line,
+"""Tests of lib/eval/extract.py (DESIGN.md §5): where the answer is looked for, the fallback paths of a prose Answer: line,
 list boxes, the retry form, and the time a looping student's completion costs. Pure functions: no worker."""
 import time
 
 import pytest
 
-from lib.extract import candidates, clean, extract_answer, is_prose, last_boxed
+from lib.eval.extract import candidates, clean, extract_answer, is_prose, last_boxed
 
 # --- a prose Answer: line: which paths are offered, in order (hand-written) ---
 

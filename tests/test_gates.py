@@ -1,4 +1,4 @@
-"""01_gates and its pure logic (lib/gates.py, lib/chat_template.py, lib/anatomy.py, lib/auroc.py) against references computed independently here:
+"""01_gates and its pure logic (lib/gates/checks.py, lib/gates/chat_template.py, lib/gates/anatomy.py, lib/gates/auroc.py) against references computed independently here:
 the real Qwen2.5 tokenizer and its DeepSeek-style variant (lib/qwen_tokenizer.py), tiny hand-built byte-level BPEs
 with known differences, brute-force AUROCs, and hand-checked anatomy numbers; the stage end to end on the toy world."""
 import json
@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from helpers import run_script
-from lib import anatomy, auroc, chat_template, gates, qwen_tokenizer
+from lib import qwen_tokenizer
+from lib.gates import anatomy, auroc, chat_template, checks
 
 
 @pytest.fixture(scope="module")
@@ -26,9 +27,9 @@ def deepseek():
 
 def test_identical_real_qwen_trio_passes_fast(qwen):
     other = qwen_tokenizer.build("qwen2.5")                   # a separate object from the same files
-    strings = gates.roundtrip_strings(["What is $1+1$?", "Find all $x$ with $x^2=4$."], 500)
+    strings = checks.roundtrip_strings(["What is $1+1$?", "Find all $x$ with $x^2=4$."], 500)
     t0 = time.monotonic()
-    rep = gates.compare_tokenizers({"student": qwen, "pi_pre": other, "pi_post": qwen},
+    rep = checks.compare_tokenizers({"student": qwen, "pi_pre": other, "pi_post": qwen},
                                    {"student": 152064, "pi_pre": 151936, "pi_post": 151936}, strings)
     took = time.monotonic() - t0
     print(f"151,665-id trio compared in {took:.2f} s")
@@ -42,8 +43,8 @@ def test_identical_real_qwen_trio_passes_fast(qwen):
 
 
 def test_deepseek_variant_reports_exactly_the_seven_ids_with_both_strings(qwen, deepseek):
-    rep = gates.compare_tokenizers({"student": qwen, "pi_pre": qwen, "pi_post": deepseek}, None,
-                                   gates.roundtrip_strings([], 200))
+    rep = checks.compare_tokenizers({"student": qwen, "pi_pre": qwen, "pi_post": deepseek}, None,
+                                   checks.roundtrip_strings([], 200))
     assert rep["status"] == "PASS", rep["reasons"]            # the source campaign passed this trio
     assert rep["special_diff_ids"] == list(range(151_643, 151_650))
     for d, qs, ds in zip(rep["special_diffs"], qwen_tokenizer.QWEN25_SPECIALS, qwen_tokenizer.DEEPSEEK_SPECIALS):
@@ -54,9 +55,9 @@ def test_deepseek_variant_reports_exactly_the_seven_ids_with_both_strings(qwen, 
 
 def test_id_bytes_matches_decoding_each_id(qwen):
     """Reference: decode(id) for ids whose bytes are valid UTF-8 on their own; known ids by hand."""
-    assert gates.id_bytes(qwen, [9707, 1879]) == [b"Hello", b" world"]     # "Hello world" → [9707, 1879]
+    assert checks.id_bytes(qwen, [9707, 1879]) == [b"Hello", b" world"]     # "Hello world" → [9707, 1879]
     ids = list(range(0, 151_643, 37))
-    got = gates.id_bytes(qwen, ids)
+    got = checks.id_bytes(qwen, ids)
     checked = 0
     for i, b in zip(ids, got):
         s = qwen.decode([i], clean_up_tokenization_spaces=False)
@@ -64,7 +65,7 @@ def test_id_bytes_matches_decoding_each_id(qwen):
             assert b == s.encode(), i
             checked += 1
     assert checked > 3000
-    assert gates.id_bytes(qwen, [10**6]) == [None]
+    assert checks.id_bytes(qwen, [10**6]) == [None]
 
 
 # --- tiny byte-level BPEs with known differences ---
@@ -73,7 +74,7 @@ def tiny_tokenizer(merged: list[str], specials=("<eos>",)):
     """A byte-level BPE: 256 byte symbols, then `merged` two-symbol tokens (in that id order), then specials."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
-    table = {b: c for c, b in gates._byte_decoder().items()}
+    table = {b: c for c, b in checks._byte_decoder().items()}
     vocab = {table[b]: b for b in range(256)}
     for t in merged:
         vocab[t] = len(vocab)
@@ -89,7 +90,7 @@ def tiny_tokenizer(merged: list[str], specials=("<eos>",)):
 def test_swapped_ordinary_ids_fail_and_are_named():
     a = tiny_tokenizer(["ab", "cd", "ef"])
     b = tiny_tokenizer(["ab", "ef", "cd"])                     # ids 257 and 258 swapped
-    rep = gates.compare_tokenizers({"student": a, "pi_pre": a, "pi_post": b}, None, ["abcdef", "x y"])
+    rep = checks.compare_tokenizers({"student": a, "pi_pre": a, "pi_post": b}, None, ["abcdef", "x y"])
     assert rep["status"] == "FAIL"
     assert rep["ordinary"]["mismatch_ids"] == [257, 258]
     assert rep["roundtrip"]["n_ids_differ"] == 1 and rep["roundtrip"]["ids_differ"][0]["string"] == "abcdef"
@@ -99,7 +100,7 @@ def test_swapped_ordinary_ids_fail_and_are_named():
 def test_special_strings_and_embedding_rows():
     a = tiny_tokenizer(["ab"], ("<eos>", "<a>"))
     b = tiny_tokenizer(["ab"], ("<eos>", "<b>"))
-    rep = gates.compare_tokenizers({"student": a, "pi_pre": a, "pi_post": b},
+    rep = checks.compare_tokenizers({"student": a, "pi_pre": a, "pi_post": b},
                                    {"student": 300, "pi_pre": len(a), "pi_post": len(b) - 1}, ["ab ab"])
     assert rep["special_diff_ids"] == [258]
     assert rep["special_diffs"][0]["strings"] == {"student": "<a>", "pi_pre": "<a>", "pi_post": "<b>"}
@@ -109,7 +110,7 @@ def test_special_strings_and_embedding_rows():
 
 def test_roundtrip_strings_are_nfc_and_mixed():
     import unicodedata
-    s = gates.roundtrip_strings([f"problem {i}" for i in range(1000)], 500)
+    s = checks.roundtrip_strings([f"problem {i}" for i in range(1000)], 500)
     assert len(s) == 500 and all(unicodedata.normalize("NFC", x) == x for x in s)
     assert sum(x.startswith("problem ") for x in s) == 300                       # 60 % benchmark text
     assert any(any(ord(c) > 0x3000 for c in x) for x in s) and any("\n" in x for x in s)
@@ -123,17 +124,17 @@ def test_length_audit_names_the_prompt_one_token_over_the_cap(qwen):
             ("p-mid", "Find x if 2x+3=7.")]
     lengths = {i: len(prompt_ids(qwen, p)) for i, p in rows}
     cap = lengths["p-long"] - 1
-    rep = gates.length_audit(lengths, cap)
+    rep = checks.length_audit(lengths, cap)
     assert rep["status"] == "FAIL"
     assert rep["over_cap"] == [{"id": "p-long", "tokens": cap + 1}]
     assert "prompt p-long is" in rep["reasons"][0] and rep["max"] == cap + 1 and rep["headroom"] == -1
     assert sum(h["count"] for h in rep["histogram"]) == 3
-    ok = gates.length_audit(lengths, cap + 1)
+    ok = checks.length_audit(lengths, cap + 1)
     assert ok["status"] == "PASS" and ok["over_cap"] == [] and ok["headroom"] == 0
 
 
 def test_length_histogram_by_hand():
-    rep = gates.length_audit({"a": 0, "b": 9, "c": 10, "d": 19, "e": 25}, cap=19, n_bins=2)
+    rep = checks.length_audit({"a": 0, "b": 9, "c": 10, "d": 19, "e": 25}, cap=19, n_bins=2)
     # top = max(25, 19) = 25 → width ceil(26/2) = 13: [0, 12] holds 0, 9, 10; [13, 25] holds 19, 25
     assert [(h["lo"], h["hi"], h["count"]) for h in rep["histogram"]] == [(0, 12, 3), (13, 25, 2)]
     assert rep["over_cap"] == [{"id": "e", "tokens": 25}]
@@ -144,8 +145,8 @@ def test_length_histogram_by_hand():
 def test_context_gate_with_the_source_reports_numbers():
     row = dict(model="qwen2.5-math-1.5b", benchmark="math500", protocol="sample4", longest_prompt=871,
                longest_id="x", max_position_embeddings=4096)
-    assert gates.context_check([dict(row, max_new_tokens=3_200)])["status"] == "PASS"          # 871 + 3200 ≤ 4096
-    bad = gates.context_check([dict(row, max_new_tokens=3_584)])                             # the original cap
+    assert checks.context_check([dict(row, max_new_tokens=3_200)])["status"] == "PASS"          # 871 + 3200 ≤ 4096
+    bad = checks.context_check([dict(row, max_new_tokens=3_584)])                             # the original cap
     assert bad["status"] == "FAIL" and bad["rows"][0]["needed"] == 4455
     assert "4455 > max_position_embeddings 4096" in bad["reasons"][0] and "to 3225" in bad["reasons"][0]
 

@@ -1,4 +1,4 @@
-"""Tests of lib/grading.py (DESIGN.md §5): extraction (more in test_extract.py), math-verify equivalence on every
+"""Tests of lib/eval/grading.py (DESIGN.md §5): extraction (more in test_extract.py), math-verify equivalence on every
 MATH-500 answer shape, the real benchmarks' gold answers (self-match and cross-problem mismatch), prose fallbacks and
 what decided, the CPU-time bound (a starved worker is no timeout; the wall cap), adversarial inputs on a loaded
 machine, workers dying with a killed caller, and thread/process safety."""
@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from lib import grading
-from lib.extract import clean, extract_answer
-from lib.grading import TIMEOUT_S, Grade, grade, grade_many
 from lib.benchmarks import data_dir
+from lib.eval import grading
+from lib.eval.extract import clean, extract_answer
+from lib.eval.grading import TIMEOUT_S, Grade, grade, grade_many
 
 BENCHMARKS = ("math500", "aime24", "aime25")
 
@@ -259,8 +259,8 @@ def test_timeout_is_bounded_and_the_pool_recovers():
     grade("Answer: 1", "1")                                        # a started worker, so start-up is off the clock
     # unbounded, the same check runs past the bound: run it in a bare process for TIMEOUT_S + 2 s (1 s of imports)
     t_bare = time.time()
-    bare = subprocess.Popen([sys.executable, "-c", f"from lib.verify import verify_answer; "
-                             f"verify_answer({ADVERSARIAL!r}, '1')"], cwd=Path(grading.__file__).resolve().parents[1],
+    bare = subprocess.Popen([sys.executable, "-c", f"from lib.eval.verify import verify_answer; "
+                             f"verify_answer({ADVERSARIAL!r}, '1')"], cwd=Path(grading.__file__).resolve().parents[2],
                             stderr=subprocess.DEVNULL)
     pids_before = {w.proc.pid for w in grading._POOL.idle}
     t0 = time.time()
@@ -348,7 +348,7 @@ def test_adversarial_inputs_return_within_the_bound_on_a_loaded_machine():
 
 CALLER = f"""
 import sys, threading
-from lib import grading
+from lib.eval import grading
 threading.Thread(target=grading.grade, args=({"Answer: " + ADVERSARIAL!r}, "1", 600.0), daemon=True).start()
 print("grading", flush=True)
 threading.Event().wait()
@@ -378,7 +378,7 @@ def _alive(pid: int) -> bool:
 @pytest.mark.parametrize("sig", [9, 15])
 def test_workers_die_with_a_killed_caller(sig):
     """A caller killed (SIGKILL / SIGTERM) while its worker is stuck on a power tower leaves no worker running."""
-    caller = subprocess.Popen([sys.executable, "-c", CALLER], cwd=Path(grading.__file__).resolve().parents[1],
+    caller = subprocess.Popen([sys.executable, "-c", CALLER], cwd=Path(grading.__file__).resolve().parents[2],
                               stdout=subprocess.PIPE, text=True)
     try:
         assert caller.stdout.readline().strip() == "grading"

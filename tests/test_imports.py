@@ -1,15 +1,21 @@
-"""The shape of the code, read without running it (ast only): lib/ is a one-way stack and the stages import only lib/.
+"""The shape of the code, read without running it (ast only): lib/ is a one-way stack of rooms and the stages import
+only lib/.
 
-Checked over lib/*.py and the stage scripts NN_*.py:
+Checked over lib/**/*.py and the stage scripts NN_*.py:
     cycles          no import cycle among lib modules, counting imports inside functions (a lazy import is still
                     an edge: it is how a cycle hides)
+    rooms           each sub-package of lib/ imports only what its docstring allows (ROOMS below; the plumbing is
+                    lib/*.py), and lib/toy/ is reached only by the resolvers of its names (lib/models.py,
+                    lib/benchmarks.py): the real path never touches the fixture
     stage imports   no stage script imported by another stage or by lib/, neither by `import` nor through
                     importlib / __import__ / runpy with the stage's name; no dynamic import a reader cannot follow
-                    (stages call each other as subprocesses: the stage contract, as campaign.sh does)
+                    (stages call each other as subprocesses: the stage contract, as campaign.sh does); no relative
+                    import (every import names its module whole)
     re-exports      no module-level `__getattr__` in lib/: every name is defined where go-to-definition finds it
     documents       no reference in code or docs to a document outside the repository: the design is
                     docs/DESIGN.md (the ../shared/data fallback for benchmark files is data, and allowed)
-    sizes           stage scripts ≤ 500 lines, lib modules ≤ 300
+    layout          lines of at most 120 characters and one statement per line, in the stages and lib/ (DESIGN.md
+                    §13 says why there is no cap on a file's length)
 
 PENDING lists what other branches remove today; each entry is a ceiling, never a licence to grow: a new offender
 fails, and so does an entry that no longer holds (delete it then), so the list can only shrink.
@@ -23,7 +29,19 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 STAGE = re.compile(r"^\d\d_\w+$")                 # 01_gates, 03_opd_train, ...
-LIMITS = {"stage": 500, "lib": 300}
+MAX_LINE = 120
+# What each room of lib/ may import of the project besides itself: "plumbing" is lib/*.py but the resolvers, which
+# reach the toy world; a dotted module name allows that one module.
+PLUMBING, RESOLVERS = "plumbing", {"lib.models", "lib.benchmarks"}
+ROOMS = {
+    "lib.kernels": set(),
+    "lib.sample": set(),
+    "lib.train": {PLUMBING, "lib.kernels"},
+    "lib.report": {PLUMBING, "lib.train.collapse"},
+    "lib.eval": {PLUMBING, *RESOLVERS, "lib.report"},
+    "lib.gates": {PLUMBING, *RESOLVERS, "lib.kernels", "lib.sample", "lib.train", "lib.eval"},
+    "lib.toy": {PLUMBING, "lib.train.sft"},
+}
 SKIP_DIRS = {".git", ".venv", ".venv-vllm", ".cache", "runs", "__pycache__", "shared", ".pytest_cache", ".gl"}
 DOC_SUFFIXES = {".py", ".sh", ".md", ".txt", ".ini", ".toml", ".cfg", ".yaml", ".yml"}
 # a document outside the repository: the old spec by name, its sections, or a path into ../shared other than data/
@@ -33,19 +51,33 @@ OUTSIDE_DOC = re.compile(r"\bSPEC\b|\bshared/(?!data\b)\w")
 # test says it no longer holds.
 PENDING = {
     "cycles": set(),
+    "rooms": set(),
     "getattr": set(),
     "documents": set(),
-    "sizes": {},
+    "layout": set(),
 }
 
 
 # --- the walker ---
 
 def modules(root: Path) -> dict[str, Path]:
-    """{dotted name: file} for lib/*.py (lib.x) and the stage scripts at the root (01_gates, ...)."""
-    mods = {f"lib.{p.stem}": p for p in sorted((root / "lib").glob("*.py")) if p.stem != "__init__"}
+    """{dotted name: file} for lib/**/*.py (lib.x, lib.room.x; a package's __init__ under the package's name) and the
+    stage scripts at the root (01_gates, ...)."""
+    mods = {}
+    for p in sorted((root / "lib").rglob("*.py")):
+        parts = p.relative_to(root).with_suffix("").parts
+        mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
     mods |= {p.stem: p for p in sorted(root.glob("*.py")) if STAGE.match(p.stem)}
     return mods
+
+
+def room(module: str) -> str:
+    """The room a lib module lives in: `lib.train` for lib.train.opd, PLUMBING for lib.data, the stage's own name
+    for a stage."""
+    parts = module.split(".")
+    if parts[0] != "lib":
+        return module
+    return ".".join(parts[:2]) if len(parts) > 2 else PLUMBING
 
 
 def _const(node) -> str | None:
@@ -80,8 +112,9 @@ def imports(name: str, path: Path, known: dict[str, Path]) -> tuple[set[str], li
                 add(a.name)
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
-            if node.level:                              # relative: only lib/ is a package
-                base = "lib" + (f".{base}" if base else "")
+            if node.level:
+                problems.append(f"{path.name}:{node.lineno}: a relative import; name the module whole (lib.…)")
+                continue
             for a in node.names:
                 add(f"{base}.{a.name}") if f"{base}.{a.name}" in known else add(base)
         elif isinstance(node, ast.Call) and (d := _dynamic_target(node)):
@@ -154,6 +187,42 @@ def stage_imports(graph) -> list[str]:
     return [f"{a} imports the stage {b}" for a, deps in sorted(graph.items()) for b in sorted(deps) if STAGE.match(b)]
 
 
+def room_breaks(graph: dict[str, set[str]]) -> list[str]:
+    """Each import that crosses into a room its importer may not reach (ROOMS), and each import of lib/toy/ from
+    outside it other than by the resolvers."""
+    out = []
+    for a, deps in sorted(graph.items()):
+        ra = room(a)
+        for b in sorted(deps):
+            rb = room(b)
+            if rb == ra or not b.startswith("lib"):
+                continue
+            if rb == "lib.toy" and a not in RESOLVERS:
+                out.append(f"{a} imports {b}: only the resolvers ({', '.join(sorted(RESOLVERS))}) reach the toy world")
+            elif ra == PLUMBING and rb != PLUMBING and not (a in RESOLVERS and rb == "lib.toy"):
+                out.append(f"{a} imports {b}: the plumbing imports only the plumbing")
+            elif ra in ROOMS and not ({rb, b} & ROOMS[ra] or (rb == PLUMBING and PLUMBING in ROOMS[ra]
+                                                               and b not in RESOLVERS)):
+                out.append(f"{a} imports {b}: {ra} may import {sorted(ROOMS[ra]) or 'nothing of the project'}")
+    return out
+
+
+def layout_breaks(root: Path) -> list[str]:
+    """'file:line: what' for every line over MAX_LINE characters and every line that holds two statements (a `;`,
+    or a body on its compound statement's line), in the stages and lib/."""
+    out = []
+    for path in modules(root).values():
+        rel, text = path.relative_to(root).as_posix(), path.read_text()
+        out += [f"{rel}:{i}: {len(line)} characters (at most {MAX_LINE})"
+                for i, line in enumerate(text.splitlines(), 1) if len(line) > MAX_LINE]
+        starts = {}
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.stmt):
+                starts[node.lineno] = starts.get(node.lineno, 0) + 1
+        out += [f"{rel}:{line}: {n} statements on one line" for line, n in sorted(starts.items()) if n > 1]
+    return out
+
+
 def module_getattrs(root: Path) -> set[str]:
     return {name for name, path in modules(root).items() if name.startswith("lib.")
             and any(isinstance(n, ast.FunctionDef) and n.name == "__getattr__" for n in ast.parse(path.read_text()).body)}
@@ -174,15 +243,6 @@ def outside_doc_refs(root: Path) -> dict[str, list[str]]:
     return hits
 
 
-def sizes(root: Path) -> dict[str, tuple[int, int]]:
-    """{relative file: (lines, limit)} for every stage script and lib module."""
-    out = {}
-    for name, path in modules(root).items():
-        out[path.relative_to(root).as_posix()] = (len(path.read_text().splitlines()),
-                                                  LIMITS["lib" if name.startswith("lib.") else "stage"])
-    return out
-
-
 def over_and_stale(found: set, pending: set, what: str) -> list[str]:
     msgs = [f"new {what}: {x}" for x in sorted(map(str, found - pending))]
     msgs += [f"{what} listed in PENDING no longer holds (remove the entry): {x}" for x in sorted(map(str, pending - found))]
@@ -201,8 +261,17 @@ def test_the_walker_catches_each_planted_fault(tmp_path):
         "lib/d.py": "import importlib\nS = importlib.import_module('02_stage')\n",
         "lib/e.py": "def __getattr__(name):\n    raise AttributeError(name)\n",
         "lib/f.py": "import importlib\nm = importlib.import_module('lib.' + 'a')\n",
+        "lib/kernels/__init__.py": "",
+        "lib/kernels/k.py": "from lib.kernels import j\nfrom lib import a\n",       # a kernel reaching the plumbing
+        "lib/kernels/j.py": "from . import k\n",                                     # a relative import
+        "lib/toy/__init__.py": "",
+        "lib/toy/w.py": "from lib import a\n",
+        "lib/models.py": "from lib.toy import w\n",                                  # the resolver: allowed
+        "lib/train/__init__.py": "",
+        "lib/train/t.py": "from lib.toy.w import x\nfrom lib.kernels import k\n",   # the fixture from the loop
+        "lib/g.py": "from lib.train import t\n",                                    # plumbing reaching a room
         "01_one.py": "from importlib import import_module\nimport_module('02_stage')\nfrom lib import a\n",
-        "02_stage.py": "# see " + "SP" + "EC §3\nimport lib.e\n" + "x = 1\n" * 501,
+        "02_stage.py": "# see " + "SP" + "EC §3\nimport lib.e\n" + "x = 1; y = 2\n" + "if x: y = 3\n" + "z = '" + "z" * 120 + "'\n",
         "docs/x.md": "read ../sha" + "red/source/doc.txt\n",
         "docs/y.md": "benchmark files fall back to ../shared/data/aime24.jsonl (data, not a document)\n",
     }
@@ -211,13 +280,18 @@ def test_the_walker_catches_each_planted_fault(tmp_path):
         (tmp_path / rel).write_text(text)
     graph, problems = import_graph(tmp_path)
     assert graph["01_one"] == {"02_stage", "lib.a"} and graph["lib.b"] == {"lib.c"}
+    assert graph["lib.train.t"] == {"lib.toy.w", "lib.kernels.k"} and graph["lib.models"] == {"lib.toy.w"}
     assert cycles(graph) == [["lib.a", "lib.b", "lib.c", "lib.a"]]
     assert stage_imports(graph) == ["01_one imports the stage 02_stage", "lib.d imports the stage 02_stage"]
-    assert problems == ["f.py:2: a computed import target; name the module statically"]
+    assert problems == ["f.py:2: a computed import target; name the module statically",
+                        "j.py:1: a relative import; name the module whole (lib.…)"]
     assert module_getattrs(tmp_path) == {"lib.e"}
+    assert [b.split(":")[0] for b in room_breaks(graph)] == ["lib.g imports lib.train.t", "lib.kernels.k imports lib.a",
+                                                             "lib.train.t imports lib.toy.w"]
     refs = outside_doc_refs(tmp_path)
     assert set(refs) == {"02_stage.py", "docs/x.md"} and refs["02_stage.py"][0].startswith("1: ")
-    assert {f: n for f, (n, lim) in sizes(tmp_path).items() if n > lim} == {"02_stage.py": 503}
+    assert layout_breaks(tmp_path) == ["02_stage.py:5: 126 characters (at most 120)",
+                                       "02_stage.py:3: 2 statements on one line", "02_stage.py:4: 2 statements on one line"]
     (tmp_path / "lib/c.py").write_text("x = 1\n")                        # break the cycle: none is left
     assert cycles(import_graph(tmp_path)[0]) == []
 
@@ -253,14 +327,15 @@ def test_no_reference_to_a_document_outside_the_repository():
     assert not msgs, "\n".join(msgs)
 
 
-def test_file_sizes():
-    msgs = []
-    for f, (n, limit) in sizes(REPO).items():
-        ceiling = PENDING["sizes"].get(f)
-        if ceiling is None and n > limit:
-            msgs.append(f"{f} is {n} lines (limit {limit}): split it")
-        elif ceiling is not None and n > ceiling:
-            msgs.append(f"{f} is {n} lines, over its allowed ceiling {ceiling} (limit {limit}): it may only shrink")
-        elif ceiling is not None and n <= limit:
-            msgs.append(f"{f} is {n} lines, within the limit {limit}: remove it from PENDING['sizes']")
-    assert not msgs, "\n".join(msgs)
+def test_each_room_imports_only_what_it_may():
+    graph, _ = import_graph(REPO)
+    assert {room(m) for m in graph if m.startswith("lib.")} >= set(ROOMS) | {PLUMBING}, "every room must be walked"
+    for pkg in ROOMS:
+        doc = ast.get_docstring(ast.parse((REPO / pkg.replace(".", "/") / "__init__.py").read_text()))
+        assert doc and "May import:" in doc, f"{pkg}/__init__.py must say what the room owns and may import"
+    breaks = set(room_breaks(graph))
+    assert not (msgs := over_and_stale(breaks, PENDING["rooms"], "import across rooms")), "\n".join(msgs)
+
+
+def test_one_statement_per_line_and_lines_within_120_characters():
+    assert not (msgs := over_and_stale(set(layout_breaks(REPO)), PENDING["layout"], "layout break")), "\n".join(msgs)

@@ -1,4 +1,4 @@
-"""lib/logratio.py and lib/linear_logratio.py: the Triton kernels against the pure-torch reference, and the reference
+"""lib/kernels/logratio.py and lib/kernels/linear_logratio.py: the Triton kernels against the pure-torch reference, and the reference
 against a naive log_softmax + autograd computation.
 
 On CPU the kernels run in Triton's interpreter (TRITON_INTERPRET=1, set here before they are defined) on tiny odd
@@ -13,8 +13,8 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from lib import linear_logratio as LL          # noqa: E402
-from lib import logratio as L                  # noqa: E402
+from lib.kernels import linear_logratio as LL          # noqa: E402
+from lib.kernels import logratio as L                  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 CASES = [("cpu", torch.float32), ("cpu", torch.bfloat16)] if INTERPRET else []
@@ -29,7 +29,7 @@ N, V = 7, 100                                   # tiny, odd: 4 slices of 32 with
 @pytest.fixture
 def kernels(monkeypatch, request):
     """Small blocks and tiles so every code path (several slices, several tiles, ragged ends) runs."""
-    import lib.logratio_triton as kt
+    import lib.kernels.logratio_triton as kt
     for kernel in kt.CONFIG:
         monkeypatch.setitem(kt.CONFIG, kernel, dict(block=32, num_warps=1))
     monkeypatch.setitem(LL.TILES, "rows", 4)
@@ -168,7 +168,7 @@ def test_linear_variant(kernels, device, dtype):
 def test_rewards_equal_on_both_paths(kernels, monkeypatch, device, dtype):
     """The three rewards as 03_opd_train's step 3 builds them (opd.advantages, the function the loop calls, on the
     loop's [sampled | top-K] layout) from the kernels (CUDA / interpreter) equal those from the reference (CPU)."""
-    from lib import opd
+    from lib.train import opd
 
     def rewards(student, post, pre, ids_N, k=4):
         lp, topk_ids, topk_lp, _ = L.student_logprobs(student, ids_N, k)

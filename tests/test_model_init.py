@@ -1,4 +1,4 @@
-"""lib/model_init.py: a model built on the meta device, sharded, then filled from its checkpoint equals, to the bit,
+"""lib/train/model_init.py: a model built on the meta device, sharded, then filled from its checkpoint equals, to the bit,
 the `from_pretrained(...).to(device)` path it replaced in 03_opd_train — parameters, buffers (the rotary inv_freq
 that to_empty leaves as garbage), tied embeddings, log-probs, top-K ids, entropies and gradients — for the toy
 models and for tiny random Qwen2s saved to a temp dir (tied and untied, bf16 on disk), in 1 process and in 2 gloo
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from helpers import run_script
-from lib import toy
+from lib.toy import builder
 
 WORKER = "tests/model_init_worker.py"
 
@@ -32,9 +32,9 @@ def tiny(tmp_path_factory):
 
 
 def specs(tiny):
-    toy.build()
-    return [f"{toy.model_dir('student')}:float32:student", f"{toy.model_dir('post')}:float32:frozen",
-            f"{toy.model_dir('student')}:float32:student-ac", f"{tiny['tied']}:float32:student",
+    builder.build()
+    return [f"{builder.model_dir('student')}:float32:student", f"{builder.model_dir('post')}:float32:frozen",
+            f"{builder.model_dir('student')}:float32:student-ac", f"{tiny['tied']}:float32:student",
             f"{tiny['untied-bf16']}:float32:student", f"{tiny['untied-bf16']}:bfloat16:frozen"]
 
 
@@ -61,7 +61,7 @@ def test_meta_build_equals_from_pretrained_two_gloo_processes(tiny):
 
 def test_unknown_non_persistent_buffer_is_refused():
     from torch import nn
-    from lib.model_init import reinit_buffers
+    from lib.train.model_init import reinit_buffers
     m = nn.Module()
     m.register_buffer("scale", torch.ones(3), persistent=False)
     with pytest.raises(NotImplementedError, match="scale"):

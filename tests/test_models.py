@@ -101,9 +101,9 @@ def test_04_refuses_an_unknown_model_in_one_line():
 def test_a_changed_byte_in_a_cached_toy_model_is_refused(tmp_path, monkeypatch):
     """The cache holds the world its hash names only while its bytes are the ones the build recorded."""
     import shutil
-    from lib import toy
     from lib.errors import UserError
-    src = toy.build()
+    from lib.toy import builder
+    src = builder.build()
     copy = tmp_path / "toy" / src.name
     shutil.copytree(src, copy)
     monkeypatch.setenv("OPD_CACHE", str(tmp_path))

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from lib import opd
+from lib.train import opd
 
 
 def t(*x):

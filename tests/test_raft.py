@@ -1,4 +1,4 @@
-"""07_raft.py and lib/raft.py: the SFT loss mask (exact labels, checked by decoding, on the toy and the real Qwen2.5
+"""07_raft.py and lib/train/raft.py: the SFT loss mask (exact labels, checked by decoding, on the toy and the real Qwen2.5
 template), which sample is kept and why the others are not, round-robin chunks that resume without duplicates, the
 stage-1 statistics, and end to end on the toy world: a resumed sampling run equals an uninterrupted one, the RAFT
 checkpoint reloads with from_pretrained, its non-weight files hash-equal π_pre's and a tied lm_head is not written,
@@ -10,10 +10,12 @@ import pytest
 import torch
 
 from helpers import run_script
-from lib import models, raft, registry, toy, toy_task
+from lib import models, registry
 from lib.artifacts import read_json, read_jsonl, sha256_file, verify_dir
 from lib.data import assistant_header, prompt_ids
-from lib.sft import IGNORE, collate, completion_labels
+from lib.toy import builder, task
+from lib.train import raft
+from lib.train.sft import IGNORE, collate, completion_labels
 
 
 
@@ -22,9 +24,9 @@ from lib.sft import IGNORE, collate, completion_labels
 @pytest.fixture(scope="module")
 def toy_tok():
     rng = random.Random(0)
-    corpus = [f"user\n{toy_task.problem_text(*toy_task.sample_problem(rng, 2))}\nassistant\n3+5=8.\nAnswer: 8"
+    corpus = [f"user\n{task.problem_text(*task.sample_problem(rng, 2))}\nassistant\n3+5=8.\nAnswer: 8"
               for _ in range(50)]
-    return toy_task.build_tokenizer(corpus)
+    return task.build_tokenizer(corpus)
 
 
 def assert_mask(tok, prompt, completion, completion_text):
@@ -47,9 +49,9 @@ def assert_mask(tok, prompt, completion, completion_text):
 
 
 def test_loss_mask_toy_template(toy_tok):
-    first, ops = toy_task.parse_problem("Compute 7+6-4.")
-    prompt = prompt_ids(toy_tok, toy_task.problem_text(first, ops))
-    completion = toy_task.completion_ids(toy_tok, first, ops, "answer_line")
+    first, ops = task.parse_problem("Compute 7+6-4.")
+    prompt = prompt_ids(toy_tok, task.problem_text(first, ops))
+    completion = task.completion_ids(toy_tok, first, ops, "answer_line")
     assert_mask(toy_tok, prompt, completion, "7+6=13. 13-4=9.\nAnswer: 9")
 
 
@@ -64,9 +66,9 @@ def test_loss_mask_real_qwen_template():
 
 
 def test_check_example_refuses_bad_masks(toy_tok):
-    first, ops = toy_task.parse_problem("Compute 2+3.")
-    prompt = prompt_ids(toy_tok, toy_task.problem_text(first, ops))
-    completion = toy_task.completion_ids(toy_tok, first, ops, "answer_line")
+    first, ops = task.parse_problem("Compute 2+3.")
+    prompt = prompt_ids(toy_tok, task.problem_text(first, ops))
+    completion = task.completion_ids(toy_tok, first, ops, "answer_line")
     header, stop = assistant_header(toy_tok), {toy_tok.eos_token_id}
     ids, labels = completion_labels(prompt, completion)
     n = len(prompt)
@@ -220,7 +222,7 @@ def run07(*args):
 
 @pytest.fixture(scope="module")
 def e2e(tmp_path_factory):
-    toy.build()
+    builder.build()
     run_dir = tmp_path_factory.mktemp("raft")
     run07(*SMALL, f"--run-dir={run_dir}")
     return run_dir
@@ -235,7 +237,7 @@ def test_e2e_stage1_files_and_stats(e2e):
     assert [r["i"] for r in rows] == list(range(24))
     for c in range(4):
         assert all(r["i"] % 4 == c for r in read_jsonl(out / "samples" / f"chunk_{c}.jsonl"))
-    stop_id = toy.world()["tokenizer"]["stop_id"]
+    stop_id = builder.world()["tokenizer"]["stop_id"]
     kept = read_jsonl(out / "kept.jsonl")
     for r in rows:                                                     # the kept seed is the first correct + stopped
         ok = [s["seed"] for s in r["samples"] if s["correct"] and s["finish_reason"] == "stop"]
@@ -292,7 +294,7 @@ def test_e2e_time_limit_stops_sampling_and_the_same_command_continues(e2e, tmp_p
 def test_e2e_checkpoint_reloads_side_files_identical(e2e):
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM
-    out, pre = e2e / "raft", toy.model_dir("pre")
+    out, pre = e2e / "raft", builder.model_dir("pre")
     assert models.resolve_model("raft", e2e).path == out / "model"
     assert models.model_spec("raft", e2e).eval_max_new_tokens == registry.MODELS["toy-pre"].eval_max_new_tokens
     assert not (out / "model" / "checkpoint.json").exists()          # 04_eval must not take it for a training run
@@ -322,7 +324,7 @@ def test_e2e_eos_probe_and_shift_match_plain_hf(e2e):
     val = [r for r in read_jsonl(out / "kept.jsonl") if r["id"] in set(sft["val_ids"])]
     assert len(val) == sft["n_val"] >= 1
     lps = {}
-    for name, path in (("pi_pre", toy.model_dir("pre")), ("raft", out / "model")):
+    for name, path in (("pi_pre", builder.model_dir("pre")), ("raft", out / "model")):
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
         per = []
         for r in val:

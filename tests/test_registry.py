@@ -37,7 +37,7 @@ def test_every_hub_model_and_dataset_is_pinned_to_a_commit():
 
 def test_registry_is_pure_tables():
     """lib/registry.py imports nothing from lib/: model and benchmark resolution live above it (lib/models.py,
-    lib/benchmarks.py), so lib/toy_task.py can read the tables without an import cycle."""
+    lib/benchmarks.py), so lib/toy/task.py can read the tables without an import cycle."""
     tree = ast.parse((REPO / "lib" / "registry.py").read_text())
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | \
                {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}

@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 
 from helpers import REPO, run_script
-from lib import runs, toy
+from lib import runs
 from lib.artifacts import read_json, read_jsonl
+from lib.toy import builder
 from test_train import assert_same_metrics, assert_same_weights
 
 pytestmark = pytest.mark.e2e
@@ -42,7 +43,7 @@ def one_line(p):
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    toy.build()
+    builder.build()
     d = tmp_path_factory.mktemp("reference")
     train(d)
     return d / RUN

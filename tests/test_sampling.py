@@ -1,4 +1,4 @@
-"""lib/sampling.py + lib/draw.py, `hf` backend (lib/decode.py's loop): greedy = plain generate, raw log-probs = a teacher-forced forward pass (fp32, 1e-4),
+"""lib/sample/engine.py + lib/sample/draw.py, `hf` backend (lib/sample/decode.py's loop): greedy = plain generate, raw log-probs = a teacher-forced forward pass (fp32, 1e-4),
 seeded samples independent of batch size and neighbours, exact Gumbel-max + top-p distribution, stop/length.
 
 The model is a tiny random Qwen2 (head_dim 64, init std 0.2 so its outputs are diverse and peaked) with a small
@@ -14,9 +14,9 @@ import random
 import pytest
 import torch
 
-from lib.completion import stop_ids
-from lib.draw import draw_tokens, gumbel_noise, mix32, nucleus, split_seeds
-from lib.sampling import HFEngine, load_engine, sample
+from lib.sample.completion import stop_ids
+from lib.sample.draw import draw_tokens, gumbel_noise, mix32, nucleus, split_seeds
+from lib.sample.engine import HFEngine, load_engine, sample
 
 MAX_NEW = 12
 
@@ -109,7 +109,7 @@ def test_gumbel_noise_has_gumbel_moments_and_decorrelates_steps_and_seeds():
 # --- the sampler's distribution ---
 
 def reference_probs(logits: list[float], T: float, top_p: float) -> list[float]:
-    """softmax(logits/T) restricted to the top-p nucleus, written independently of lib.sampling."""
+    """softmax(logits/T) restricted to the top-p nucleus, written independently of lib.sample.engine."""
     z = [x / T for x in logits]
     m = max(z)
     e = [math.exp(x - m) for x in z]

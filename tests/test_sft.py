@@ -1,4 +1,4 @@
-"""lib/sft.py: the completion mask (checked by decoding), right-padded collation, the token-mean completion loss
+"""lib/train/sft.py: the completion mask (checked by decoding), right-padded collation, the token-mean completion loss
 against a per-token reference, the lr schedule, the batch plan, and the training loop (learns, is deterministic)."""
 import math
 import random
@@ -6,9 +6,9 @@ import random
 import pytest
 import torch
 
-from lib import toy_task
 from lib.data import prompt_ids
-from lib.sft import IGNORE, batch_plan, collate, completion_labels, completion_loss, lr_factor, train_sft
+from lib.toy import task
+from lib.train.sft import IGNORE, batch_plan, collate, completion_labels, completion_loss, lr_factor, train_sft
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
@@ -17,9 +17,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
 @pytest.fixture(scope="module")
 def tok():
     rng = random.Random(0)
-    corpus = [f"user\n{toy_task.problem_text(*toy_task.sample_problem(rng, 2))}\nassistant\n3+5=8.\nAnswer: 8"
+    corpus = [f"user\n{task.problem_text(*task.sample_problem(rng, 2))}\nassistant\n3+5=8.\nAnswer: 8"
               for _ in range(50)]
-    return toy_task.build_tokenizer(corpus)
+    return task.build_tokenizer(corpus)
 
 
 def tiny_model(tok, seed=0):
@@ -32,9 +32,9 @@ def tiny_model(tok, seed=0):
 
 
 def test_completion_labels_mask_by_decoding(tok):
-    first, ops = toy_task.parse_problem("Compute 7+6-4.")
-    p = prompt_ids(tok, toy_task.problem_text(first, ops))
-    c = toy_task.completion_ids(tok, first, ops, "answer_line")
+    first, ops = task.parse_problem("Compute 7+6-4.")
+    p = prompt_ids(tok, task.problem_text(first, ops))
+    c = task.completion_ids(tok, first, ops, "answer_line")
     ids, labels = completion_labels(p, c)
     assert ids == p + c and len(labels) == len(ids)
     n_masked = sum(1 for y in labels if y == IGNORE)
@@ -104,7 +104,7 @@ def test_batch_plan_covers_each_epoch_once():
 def test_train_sft_learns_completions_and_is_deterministic(tok):
     problems = ["Compute 3+5.", "Compute 9-4+2."]
     examples = [completion_labels(prompt_ids(tok, p),
-                                  toy_task.completion_ids(tok, *toy_task.parse_problem(p), "answer_line"))
+                                  task.completion_ids(tok, *task.parse_problem(p), "answer_line"))
                 for p in problems]
     runs = []
     for _ in range(2):

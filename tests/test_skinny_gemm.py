@@ -1,4 +1,4 @@
-"""lib/skinny_gemm.py's Triton partials (Triton's interpreter on CPU, TRITON_INTERPRET=1, set before the import)
+"""lib/sample/skinny_gemm.py's Triton partials (Triton's interpreter on CPU, TRITON_INTERPRET=1, set before the import)
 against a float64 F.linear on odd shapes: ragged M, N and K tiles (masked loads), K slices of unequal fill, full
 tiles (the unmasked path), bias and none, fp32 and bf16; the tiling grammar and the decoder's defaults."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from lib.skinny_gemm import DEFAULTS, defaults, linear, skinny_partials, tiling  # noqa: E402
+from lib.sample.skinny_gemm import DEFAULTS, defaults, linear, skinny_partials, tiling  # noqa: E402
 
 
 @pytest.mark.parametrize("M,N,K,t", [(5, 48, 40, "n16k16s2w4"), (3, 20, 33, "n16k32s3w4"),

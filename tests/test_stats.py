@@ -1,4 +1,4 @@
-"""lib.stats against independent computations, and the pure helpers of lib.campaign.
+"""lib.report.stats against independent computations, and the pure helpers of lib.report.campaign.
 
 - exact enumeration: a 3-problem case has 3^3 = 27 equally likely resamples; the bootstrap's p, CI and mean must match
   the exact distribution within Monte-Carlo error;
@@ -17,9 +17,9 @@ import time
 import numpy as np
 import pytest
 
-from lib import stats
-from lib.campaign import check_unit, collapse_watch, diagnostics, UnitError
-from lib.stats import AlignmentError, paired_bootstrap
+from lib.report import stats
+from lib.report.campaign import check_unit, collapse_watch, diagnostics, UnitError
+from lib.report.stats import AlignmentError, paired_bootstrap
 
 
 # --- exact enumeration on 3 problems ---
@@ -327,9 +327,9 @@ def test_holm_known_values_and_step_down_definition():
 
 
 def test_collapse_watch_agrees_with_the_trainers_live_watch():
-    """lib.campaign recomputes the watch from metrics.jsonl; lib.opd.CollapseWatch runs live in the trainer.
-    Same thresholds (declared once, in lib.opd), same onset, runaway and longest clip>run_clip length."""
-    from lib.opd import CollapseWatch
+    """lib.report.campaign recomputes the watch from metrics.jsonl; lib.train.opd.CollapseWatch runs live in the trainer.
+    Same thresholds (declared once, in lib.train.opd), same onset, runaway and longest clip>run_clip length."""
+    from lib.train.opd import CollapseWatch
     rng = np.random.default_rng(8)
     for _ in range(30):
         n = int(rng.integers(5, 40))
@@ -349,7 +349,7 @@ def test_time_ledger_adds_reruns(tmp_path):
     """Every stage run counts once: the manifests on disk, the earlier runs a manifest lists under previous_runs,
     and the rows of an older ledger whose manifest a rerun has overwritten (not those still on disk)."""
     import json
-    from lib.campaign import earlier_runs, manifest_runs, time_ledger
+    from lib.report.campaign import earlier_runs, manifest_runs, time_ledger
 
     def manifest(d, stage, started, wall, gpu=0.0, **extra):
         (tmp_path / d).mkdir(parents=True, exist_ok=True)

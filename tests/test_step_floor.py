@@ -6,7 +6,7 @@ import json
 import pytest
 
 from helpers import REPO, run_script
-from lib import toy
+from lib.toy import builder
 
 
 def load():
@@ -58,7 +58,7 @@ def test_table_takes_medians_of_steps_from_three():
 def test_script_on_a_real_toy_run(tmp_path):
     """03 on the toy for 3 steps, then the script (rates measured at tiny sizes, then given): every phase is read
     from the metrics, the counts are 03's (S = B·n, Tr = mean length × S), the floors are floors() of them."""
-    toy.build()
+    builder.build()
     run_script("03_opd_train.py", "--pair=toy", "--batch-prompts=8", "--rollouts=2", "--micro-batch=4", "--topk=4",
                "--reward=delta-topk", "--steps=3", "--save-every=3", f"--run-dir={tmp_path}")
     metrics = tmp_path / "train/delta-topk/metrics.jsonl"
@@ -67,17 +67,17 @@ def test_script_on_a_real_toy_run(tmp_path):
         assert r["perf/sequences"] == 16 and r["perf/response_tokens"] == r["response_length/mean"] * 16
         assert r["perf/tokens"] > r["perf/response_tokens"]
         assert sum(r[f"timing_s/{k}"] for k in ("sync", "gen", "score", "update", "optimizer")) <= r["timing_s/step"]
-    smoke = run_script("bench/step_floor.py", metrics, "--shape", toy.model_dir("student"), "--mm-n", "128",
+    smoke = run_script("bench/step_floor.py", metrics, "--shape", builder.model_dir("student"), "--mm-n", "128",
                        "--copy-gib", "0.001", "--reps", "2")
     assert "TFLOP/s (bf16 mm)" in smoke.stdout and "| optimizer |" in smoke.stdout
     out = tmp_path / "floor.json"
-    run_script("bench/step_floor.py", metrics, "--shape", toy.model_dir("student"), "--matmul-tflops", "0.001",
+    run_script("bench/step_floor.py", metrics, "--shape", builder.model_dir("student"), "--matmul-tflops", "0.001",
                "--copy-gbps", "0.5", "--json", out)
     got, m = json.loads(out.read_text()), load()
     assert got["world"] == 1 and got["scored_models"] == 4 and got["activation_checkpointing"] is False
-    info = m.model_info(str(toy.model_dir("student")))
+    info = m.model_info(str(builder.model_dir("student")))
     from transformers import AutoModelForCausalLM
-    lm = AutoModelForCausalLM.from_pretrained(toy.model_dir("student"))
+    lm = AutoModelForCausalLM.from_pretrained(builder.model_dir("student"))
     assert info == got["model"] == {"params": sum(p.numel() for p in lm.parameters()), "layers": 3, "kv_heads": 2,
                                     "head_dim": 64}                     # 03's n_params: numel, tied embedding once
     assert len(rows) == 3                                               # the median of steps ≥ 3 is step 3's

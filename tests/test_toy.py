@@ -1,4 +1,4 @@
-"""lib/toy_task.py and lib/toy.py: the task (checked against Python's own arithmetic) and its careless solutions, the
+"""lib/toy/task.py and lib/toy/builder.py: the task (checked against Python's own arithmetic) and its careless solutions, the
 tokenizer and chat template, the built world (layout, Hugging Face loading, stop-token behaviour, the capability gap
 π_post ≫ π_pre on level 3, re-measured here with an independent one-prompt-at-a-time greedy loop), train/test
 disjointness, the build lock and determinism.
@@ -15,9 +15,9 @@ import textwrap
 import pytest
 import torch
 
-from lib import toy, toy_bytes, toy_task
 from lib.artifacts import REPO, read_jsonl, sha256_file
 from lib.data import prompt_ids, render_chat
+from lib.toy import builder, task, world_bytes
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
 
 @pytest.fixture(scope="session")
 def world_dir():
-    return toy.build()
+    return builder.build()
 
 
 @pytest.fixture(scope="session")
@@ -42,7 +42,7 @@ def tok(world_dir):
 @pytest.fixture(scope="session")
 def models(world_dir):
     from transformers import AutoModelForCausalLM
-    return {name: AutoModelForCausalLM.from_pretrained(toy.model_dir(name)).eval() for name in toy.MODEL_NAMES}
+    return {name: AutoModelForCausalLM.from_pretrained(builder.model_dir(name)).eval() for name in builder.MODEL_NAMES}
 
 
 @pytest.fixture(scope="session")
@@ -51,7 +51,7 @@ def test_rows(world_dir):
 
 
 def greedy_one(model, tok, problem, max_new_tokens):
-    """Independent of lib.toy.generate: one prompt, no padding, the argmax token fed back through a KV cache."""
+    """Independent of lib.toy.builder.generate: one prompt, no padding, the argmax token fed back through a KV cache."""
     ids, out, cache = torch.tensor([prompt_ids(tok, problem)]), [], None
     with torch.no_grad():
         for _ in range(max_new_tokens):
@@ -70,30 +70,30 @@ def test_problems_and_solutions_follow_pythons_arithmetic():
     rng = random.Random(7)
     for level in (1, 2, 3, 4):
         for _ in range(200):
-            first, ops = toy_task.sample_problem(rng, level)
-            text = toy_task.problem_text(first, ops)
-            assert len(ops) == level and toy_task.parse_problem(text) == (first, ops)
+            first, ops = task.sample_problem(rng, level)
+            text = task.problem_text(first, ops)
+            assert len(ops) == level and task.parse_problem(text) == (first, ops)
             expr = text[len("Compute "):-1]
             value = eval(expr)                                               # Python as the reference
-            clauses, got = toy_task.solve(first, ops)
+            clauses, got = task.solve(first, ops)
             assert got == value and len(clauses) == level
             for clause in clauses:                                           # every clause is true arithmetic
                 lhs, rhs = clause.rstrip(".").split("=")
                 assert eval(lhs) == int(rhs) and 0 <= int(rhs) <= 9
-            sol = toy_task.solution_text(first, ops, "answer_line")
-            assert sol == " ".join(clauses) + f"\nAnswer: {value}" and toy_task.extract_int(sol) == value
-            boxed = toy_task.solution_text(first, ops, "boxed")
-            assert boxed.endswith(f"The answer is \\boxed{{{value}}}.") and toy_task.extract_int(boxed) == value
-    assert toy_task.solution_text(3, [("+", 5), ("-", 2)], "answer_line") == "3+5=8. 8-2=6.\nAnswer: 6"
+            sol = task.solution_text(first, ops, "answer_line")
+            assert sol == " ".join(clauses) + f"\nAnswer: {value}" and task.extract_int(sol) == value
+            boxed = task.solution_text(first, ops, "boxed")
+            assert boxed.endswith(f"The answer is \\boxed{{{value}}}.") and task.extract_int(boxed) == value
+    assert task.solution_text(3, [("+", 5), ("-", 2)], "answer_line") == "3+5=8. 8-2=6.\nAnswer: 6"
 
 
 def test_slips_are_off_by_one_and_the_chain_goes_on_from_them():
     rng, slipped, clauses_seen = random.Random(3), 0, 0
     for level in (1, 2, 3, 4):
         for _ in range(500):
-            first, ops = toy_task.sample_problem(rng, level)
-            assert toy_task.solve(first, ops, 0.0, rng) == toy_task.solve(first, ops)        # slip 0: the true solution
-            clauses, final = toy_task.solve(first, ops, 0.25, rng)
+            first, ops = task.sample_problem(rng, level)
+            assert task.solve(first, ops, 0.0, rng) == task.solve(first, ops)        # slip 0: the true solution
+            clauses, final = task.solve(first, ops, 0.25, rng)
             value = first
             for (op, b), clause in zip(ops, clauses):
                 lhs, rhs = clause.rstrip(".").split("=")
@@ -102,7 +102,7 @@ def test_slips_are_off_by_one_and_the_chain_goes_on_from_them():
                 slipped, clauses_seen, value = slipped + (int(rhs) != eval(lhs)), clauses_seen + 1, int(rhs)
             assert final == value
     assert 0.22 <= slipped / clauses_seen <= 0.27                # 0.25, less where both neighbours leave 0-9
-    assert toy_task.solve(3, [("+", 5), ("-", 2)], 1.0, random.Random(0))[0][0] in ("3+5=7.", "3+5=9.")
+    assert task.solve(3, [("+", 5), ("-", 2)], 1.0, random.Random(0))[0][0] in ("3+5=7.", "3+5=9.")
 
 
 def test_sft_examples_carry_each_models_slip_rate_and_style(tok):
@@ -110,22 +110,22 @@ def test_sft_examples_carry_each_models_slip_rate_and_style(tok):
     in the teachers' answer-line style (no box)."""
     for name in ("student", "pre"):
         slipped = clauses_seen = boxed = 0
-        examples = toy.sft_examples(name, tok, scale=0.05)
+        examples = builder.sft_examples(name, tok, scale=0.05)
         for ids, labels in examples:
             completion = tok.decode([t for t, y in zip(ids, labels) if y != -100], skip_special_tokens=True)
             for lhs, rhs in re.findall(r"(-?\d+[+-]\d)=(-?\d+)\.", completion):   # a slip may go below 0
                 slipped, clauses_seen = slipped + (eval(lhs) != int(rhs)), clauses_seen + 1
             boxed += "\\boxed{" in completion
-        p, n = toy.SLIP.get(name, 0.0), clauses_seen
+        p, n = builder.SLIP.get(name, 0.0), clauses_seen
         assert abs(slipped / n - p) <= 4 * (p * (1 - p) / n) ** 0.5 + 0.01, (name, slipped, n)
-        assert boxed == 0 and toy.RECIPES[name][3] == "answer_line"
+        assert boxed == 0 and builder.RECIPES[name][3] == "answer_line"
 
 
 def test_extract_int():
-    assert toy_task.extract_int("1+1=2.\nAnswer: 2\nAnswer: 3") == 3                  # the last answer line wins
-    assert toy_task.extract_int("x \\boxed{4} y \\boxed{7}.") == 7
-    assert toy_task.extract_int("Answer: 5 and \\boxed{9}") == 5                       # answer line before boxed
-    assert toy_task.extract_int("no answer here") is None
+    assert task.extract_int("1+1=2.\nAnswer: 2\nAnswer: 3") == 3                  # the last answer line wins
+    assert task.extract_int("x \\boxed{4} y \\boxed{7}.") == 7
+    assert task.extract_int("Answer: 5 and \\boxed{9}") == 5                       # answer line before boxed
+    assert task.extract_int("no answer here") is None
 
 
 # --- tokenizer and template ---
@@ -156,9 +156,9 @@ def test_chat_template_renders_assistant_header(tok):
 
 def test_layout_and_models_load(world_dir, world, tok):
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, Qwen2ForCausalLM
-    assert world["hash"] == toy.world_hash() == world_dir.name
-    for name in toy.MODEL_NAMES:
-        d = toy.model_dir(name)
+    assert world["hash"] == builder.world_hash() == world_dir.name
+    for name in builder.MODEL_NAMES:
+        d = builder.model_dir(name)
         assert d == world_dir / "models" / name
         for f in ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json", "chat_template.jinja"):
             assert (d / f).exists(), f"{d / f} missing"
@@ -175,32 +175,32 @@ def test_layout_and_models_load(world_dir, world, tok):
         assert AutoTokenizer.from_pretrained(d).chat_template == tok.chat_template
     assert world["models"]["student"]["config"]["num_hidden_layers"] != world["models"]["pre"]["config"]["num_hidden_layers"]
     with pytest.raises(KeyError):
-        toy.model_dir("teacher")
+        builder.model_dir("teacher")
 
 
 def test_data_disjoint_and_correct(world_dir):
     test = read_jsonl(world_dir / "data" / "toy_test.jsonl")
     train = read_jsonl(world_dir / "data" / "toy_train.jsonl")
-    assert [sum(r["level"] == lv for r in test) for lv in (1, 2, 3, 4)] == [toy.TEST_PER_LEVEL[lv] for lv in (1, 2, 3, 4)]
-    assert {r["level"] for r in train} == {1, 2, 3} and len(train) == sum(toy.TRAIN_PROMPTS.values())
+    assert [sum(r["level"] == lv for r in test) for lv in (1, 2, 3, 4)] == [builder.TEST_PER_LEVEL[lv] for lv in (1, 2, 3, 4)]
+    assert {r["level"] for r in train} == {1, 2, 3} and len(train) == sum(builder.TRAIN_PROMPTS.values())
     for rows in (test, train):
         assert len({r["id"] for r in rows}) == len(rows) and len({r["problem"] for r in rows}) == len(rows)
         for r in rows:
             assert set(r) == {"id", "problem", "answer", "level"}
             assert int(r["answer"]) == eval(r["problem"][len("Compute "):-1])
-            assert len(toy_task.parse_problem(r["problem"])[1]) == r["level"]
+            assert len(task.parse_problem(r["problem"])[1]) == r["level"]
     assert not {r["problem"] for r in test} & {r["problem"] for r in train}
     assert not {r["id"] for r in test} & {r["id"] for r in train}
 
 
 def test_sft_sets_hold_out_the_test_problems(world_dir):
     test = read_jsonl(world_dir / "data" / "toy_test.jsonl")
-    held_out = {toy_task.expression(*toy_task.parse_problem(r["problem"])) for r in test if r["level"] >= 2}
-    for name, (_, _, levels, _, n, _) in toy.RECIPES.items():
-        problems = toy.sft_problems(name, scale=0.25)
+    held_out = {task.expression(*task.parse_problem(r["problem"])) for r in test if r["level"] >= 2}
+    for name, (_, _, levels, _, n, _) in builder.RECIPES.items():
+        problems = builder.sft_problems(name, scale=0.25)
         assert {len(ops) for _, ops in problems} == set(levels)
-        assert not {toy_task.expression(*p) for p in problems} & held_out, name
-    assert toy.sft_problems("pre", 0.1) == toy.sft_problems("pre", 0.1)                  # seeded
+        assert not {task.expression(*p) for p in problems} & held_out, name
+    assert builder.sft_problems("pre", 0.1) == builder.sft_problems("pre", 0.1)                  # seeded
 
 
 def test_registry_caps_fit_the_toy_world(world_dir, tok):
@@ -210,11 +210,11 @@ def test_registry_caps_fit_the_toy_world(world_dir, tok):
     test = read_jsonl(world_dir / "data" / "toy_test.jsonl")
     longest_prompt = max(len(prompt_ids(tok, r["problem"])) for r in train)
     assert longest_prompt <= student.max_prompt_len
-    n_tokens = lambda r, style: len(toy_task.completion_ids(tok, *toy_task.parse_problem(r["problem"]), style))
+    n_tokens = lambda r, style: len(task.completion_ids(tok, *task.parse_problem(r["problem"]), style))
     assert max(n_tokens(r, s) for r in train for s in ("answer_line", "boxed")) <= student.max_response_len
     longest_l4 = max(n_tokens(r, s) for r in test if r["level"] == 4 for s in ("answer_line", "boxed"))
     for alias in ("toy-pre", "toy-post", "toy-student", "toy-post-offsupport"):
-        assert MODELS[alias].eval_max_new_tokens == toy_task.EVAL_CAP >= 2 * longest_l4
+        assert MODELS[alias].eval_max_new_tokens == task.EVAL_CAP >= 2 * longest_l4
 
 
 def test_world_accuracies(world):
@@ -238,20 +238,20 @@ def test_stop_token_behaviour(models, tok, test_rows):
     stop_id = tok.eos_token_id
     rows = [r for r in test_rows if r["level"] in (1, 2)][:6]
     for r in rows:                                    # π_pre stops after its answer line
-        out = greedy_one(models["pre"], tok, r["problem"], toy_task.EVAL_CAP)
-        assert out[-1] == stop_id and len(out) < toy_task.EVAL_CAP
+        out = greedy_one(models["pre"], tok, r["problem"], task.EVAL_CAP)
+        assert out[-1] == stop_id and len(out) < task.EVAL_CAP
         assert tok.decode(out, skip_special_tokens=True).endswith(f"\nAnswer: {r['answer']}")
-        out = greedy_one(models["student"], tok, r["problem"], toy_task.EVAL_CAP)   # either of its two endings
+        out = greedy_one(models["student"], tok, r["problem"], task.EVAL_CAP)   # either of its two endings
         assert out[-1] == stop_id and re.search(r"(\\boxed\{\d+\}\.|\nAnswer: \d+)<\|im_end\|>$", tok.decode(out))
     for r in rows[:3]:                                # post-offsupport never stops: its answer line repeats to the cap
-        out = greedy_one(models["post-offsupport"], tok, r["problem"], toy_task.EVAL_CAP)
-        assert stop_id not in out and len(out) == toy_task.EVAL_CAP
+        out = greedy_one(models["post-offsupport"], tok, r["problem"], task.EVAL_CAP)
+        assert stop_id not in out and len(out) == task.EVAL_CAP
         answers = re.findall(r"Answer: (\d+)", tok.decode(out))
         assert len(answers) >= 10 and len(set(answers)) == 1
     # log p(<|im_end|>) right after a correct answer line, teacher-forced
     r = rows[0]
-    first, ops = toy_task.parse_problem(r["problem"])
-    ids = prompt_ids(tok, r["problem"]) + toy_task.completion_ids(tok, first, ops, "answer_line")[:-1]
+    first, ops = task.parse_problem(r["problem"])
+    ids = prompt_ids(tok, r["problem"]) + task.completion_ids(tok, first, ops, "answer_line")[:-1]
     with torch.no_grad():
         logp = {n: torch.log_softmax(models[n](input_ids=torch.tensor([ids])).logits[0, -1], -1)[stop_id].item()
                 for n in ("pre", "post", "post-offsupport")}
@@ -262,8 +262,8 @@ def test_capability_gap_remeasured(models, tok, test_rows, world):
     rows = [r for r in test_rows if r["level"] == 3]
     correct = {}
     for name in ("pre", "post"):
-        outs = [greedy_one(models[name], tok, r["problem"], toy_task.EVAL_CAP) for r in rows]
-        correct[name] = sum(toy_task.extract_int(tok.decode(o, skip_special_tokens=True)) == int(r["answer"])
+        outs = [greedy_one(models[name], tok, r["problem"], task.EVAL_CAP) for r in rows]
+        correct[name] = sum(task.extract_int(tok.decode(o, skip_special_tokens=True)) == int(r["answer"])
                             for o, r in zip(outs, rows))
         # the builder's batched, left-padded measurement agrees with this unpadded one (≤ 2 near-tie flips)
         assert abs(100 * correct[name] / len(rows) - world["models"][name]["accuracy_by_level"]["3"]) <= 200 / len(rows)
@@ -278,21 +278,21 @@ def test_concurrent_builders_build_once(tmp_path):
     script = textwrap.dedent(f"""
         import os, sys, time
         sys.path.insert(0, {str(REPO)!r})
-        from lib import toy
+        from lib.toy import builder
         def stub(out, scale=1.0, log=print):
             with open(os.path.join({str(tmp_path)!r}, "calls"), "a") as f:
                 f.write(str(os.getpid()) + "\\n")
             time.sleep(1.5)
             (out / "world.json").write_text("{{}}")
-        toy.build_world = stub
-        print(toy.build())
+        builder.build_world = stub
+        print(builder.build())
     """)
     env = {**os.environ, "OPD_CACHE": str(tmp_path / "cache")}
     procs = [subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, text=True)
              for _ in range(2)]
     outs = [p.communicate(timeout=120)[0].strip() for p in procs]
     assert all(p.returncode == 0 for p in procs)
-    assert outs[0] == outs[1] and outs[0].endswith(toy.world_hash())
+    assert outs[0] == outs[1] and outs[0].endswith(builder.world_hash())
     assert len((tmp_path / "calls").read_text().split()) == 1
     leftovers = [p.name for p in (tmp_path / "cache" / "toy").iterdir() if p.name.startswith(".")]
     assert leftovers == [], f"temp folders left behind: {leftovers}"
@@ -305,15 +305,15 @@ def test_reduced_build_is_deterministic_in_a_hostile_environment(tmp_path, world
     reduction, so they also equal the cached full world's."""
     hostile = {**os.environ, "ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE",
                "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
-    script = "import sys; from pathlib import Path; from lib import toy; toy.build_world(Path(sys.argv[1]), 0.01, None)"
+    script = "import sys; from pathlib import Path; from lib import toy; builder.build_world(Path(sys.argv[1]), 0.01, None)"
     out = subprocess.run([sys.executable, "-c", script, str(tmp_path / "w1")], cwd=REPO, env=hostile,
                          capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-2000:]
-    worlds = [toy.build_world(tmp_path / "w0", scale=0.01, log=None),
+    worlds = [builder.build_world(tmp_path / "w0", scale=0.01, log=None),
               json.loads((tmp_path / "w1" / "world.json").read_text())]
     files = sorted(p.relative_to(tmp_path / "w0") for p in (tmp_path / "w0").rglob("*") if p.is_file()
                    and p.name != "world.json")
-    assert sum(f.name == "model.safetensors" for f in files) == len(toy.MODEL_NAMES)
+    assert sum(f.name == "model.safetensors" for f in files) == len(builder.MODEL_NAMES)
     for f in files:
         assert sha256_file(tmp_path / "w0" / f) == sha256_file(tmp_path / "w1" / f), f"{f} differs between builds"
     for f in ("data/toy_test.jsonl", "data/toy_train.jsonl", "tokenizer/tokenizer.json"):
@@ -325,45 +325,45 @@ def test_reduced_build_is_deterministic_in_a_hostile_environment(tmp_path, world
 
 
 def test_world_matches_the_committed_sha256(world):
-    """The four models of this machine's build are the bytes committed for its CPU model (lib/toy_world.sha256).
+    """The four models of this machine's build are the bytes committed for its CPU model (lib/toy/world.sha256).
     A CPU model with nothing committed is skipped, naming it: the pinned math repeats run after run and across
     machines of one CPU model, not across vendors (an Intel Xeon and an AMD EPYC built different bytes)."""
-    committed_world, builds = toy_bytes.read_expected()
+    committed_world, builds = world_bytes.read_expected()
     cpu = world["cpu_repro"]["cpu"]["model"]
-    assert committed_world == world["hash"], "lib/toy_world.sha256 is for another world: `python -m lib.toy write-sha256`"
+    assert committed_world == world["hash"], "lib/toy/world.sha256 is for another world: `python -m lib.toy.builder write-sha256`"
     if cpu not in builds:
         pytest.skip(f"no toy-world bytes committed for this CPU ({cpu}); committed: {sorted(builds)}")
-    assert sorted(builds[cpu]) == sorted(toy.MODEL_NAMES)
+    assert sorted(builds[cpu]) == sorted(builder.MODEL_NAMES)
     assert {n: m["safetensors_sha256"] for n, m in world["models"].items()} == builds[cpu]
-    assert toy_bytes.check_expected(world)[0] is True
+    assert world_bytes.check_expected(world)[0] is True
 
 
 def test_check_expected_says_in_one_line_what_differs(tmp_path, world):
     cpu = world["cpu_repro"]["cpu"]["model"]
     got = {n: m["safetensors_sha256"] for n, m in world["models"].items()}
     other = {**world, "models": {n: {**m} for n, m in world["models"].items()}}
-    path = toy_bytes.write_expected(other, tmp_path / "toy_world.sha256")
-    assert toy_bytes.read_expected(path) == (world["hash"], {cpu: got})
-    assert toy_bytes.check_expected(other, path)[0] is True
+    path = world_bytes.write_expected(other, tmp_path / "world.sha256")
+    assert world_bytes.read_expected(path) == (world["hash"], {cpu: got})
+    assert world_bytes.check_expected(other, path)[0] is True
     other["models"]["student"]["safetensors_sha256"] = "0" * 64
-    ok, line = toy_bytes.check_expected(other, path)
+    ok, line = world_bytes.check_expected(other, path)
     assert ok is False and "\n" not in line and "student 00000000… here" in line
     assert f"vs {got['student'][:8]}… committed" in line and "pre " not in line
     assert "rounds differently" in line and "still used" in line
-    ok, line = toy_bytes.check_expected({**other, "hash": "f" * 16}, path)
+    ok, line = world_bytes.check_expected({**other, "hash": "f" * 16}, path)
     assert ok is False and "the code changed" in line
     # another CPU model: nothing committed for it (None), said in one line, then its block added beside this one's
     elsewhere = {**world, "cpu_repro": {**world["cpu_repro"], "cpu": {**world["cpu_repro"]["cpu"], "model": "Other CPU"}}}
-    ok, line = toy_bytes.check_expected(elsewhere, path)
+    ok, line = world_bytes.check_expected(elsewhere, path)
     assert ok is None and "nothing committed for this CPU (Other CPU)" in line and "\n" not in line
     assert f"the same bytes as the build on {cpu}" in line
-    toy_bytes.write_expected(other | {"cpu_repro": elsewhere["cpu_repro"]}, path)
-    assert toy_bytes.read_expected(path)[1] == {cpu: got, "Other CPU": {**got, "student": "0" * 64}}
-    assert toy_bytes.check_expected(elsewhere, path)[0] is False and toy_bytes.check_expected(world, path)[0] is True
+    world_bytes.write_expected(other | {"cpu_repro": elsewhere["cpu_repro"]}, path)
+    assert world_bytes.read_expected(path)[1] == {cpu: got, "Other CPU": {**got, "student": "0" * 64}}
+    assert world_bytes.check_expected(elsewhere, path)[0] is False and world_bytes.check_expected(world, path)[0] is True
 
 
 def test_world_hash_ignores_prose_and_code_the_build_does_not_use():
-    src = toy_bytes.code_digest
+    src = world_bytes.code_digest
     base = 'X = 1\n\ndef f(a):\n    """doc"""\n    return a + X  # note\n\ndef g():\n    raise ValueError("g")\n'
     assert src(base) == src(base.replace('"""doc"""', '"""other doc"""').replace("# note", ""))
     assert src(base) != src(base.replace("a + X", "a - X"))                       # code is hashed
@@ -371,7 +371,7 @@ def test_world_hash_ignores_prose_and_code_the_build_does_not_use():
     assert src(base, {"f", "X"}) != src(base.replace("X = 1", "X = 2"), {"f", "X"})
     assert src(base) != src(base.replace('"g"', '"a clearer message"'))
     data = (REPO / "lib" / "data.py").read_text()                    # the build's names of data.py are all there
-    for name in toy_bytes.WORLD_CODE["data.py"]:
+    for name in world_bytes.WORLD_CODE[world_bytes.LIB / "data.py"]:
         assert src(data, {name}) != src("", None), name
 
 
@@ -379,10 +379,10 @@ def test_world_hash_ignores_prose_and_code_the_build_does_not_use():
 def test_full_rebuild_is_byte_identical(tmp_path, world):
     """The whole world rebuilt into another cache root gives the same model bytes (≈ 5 min)."""
     env = {**os.environ, "OPD_CACHE": str(tmp_path)}
-    out = subprocess.run([sys.executable, "-c", "from lib import toy; print(toy.build(force=True))"], cwd=REPO,
+    out = subprocess.run([sys.executable, "-c", "from lib import toy; print(builder.build(force=True))"], cwd=REPO,
                          env=env, capture_output=True, text=True, timeout=1800)
     assert out.returncode == 0, out.stderr[-2000:]
     other = json.loads((tmp_path / "toy" / world["hash"] / "world.json").read_text())
-    for name in toy.MODEL_NAMES:
+    for name in builder.MODEL_NAMES:
         assert other["models"][name]["safetensors_sha256"] == world["models"][name]["safetensors_sha256"], name
-    assert other["matches_committed"] == toy_bytes.check_expected(world)[0]
+    assert other["matches_committed"] == world_bytes.check_expected(world)[0]

@@ -9,8 +9,8 @@ import pytest
 from safetensors.torch import load_file
 
 from helpers import REPO, run_script
-from lib import toy
 from lib.artifacts import read_json, read_jsonl, sha256_file, verify_dir
+from lib.toy import builder
 
 pytestmark = pytest.mark.e2e
 SMALL = ["--pair=toy", "--batch-prompts=8", "--rollouts=2", "--lr=1e-4", "--micro-batch=4", "--topk=4"]
@@ -23,7 +23,7 @@ def train(*args, check=True, launcher=()):
 
 @pytest.fixture(scope="module")
 def world():
-    return toy.build()
+    return builder.build()
 
 
 def metrics(run):
@@ -51,7 +51,7 @@ def assert_same_weights(a_dir, b_dir, atol):
 
 def test_two_gloo_processes_match_one(world, tmp_path):
     """…and the two processes pack micro-batches by a token budget (uneven sizes, ranks equalised in count) and lay
-    each one's sequences end to end with no padding (--packing on, lib/varlen.py), while the one process pads, groups 4
+    each one's sequences end to end with no padding (--packing on, lib/kernels/varlen.py), while the one process pads, groups 4
     sequences in sampling order for the update and scores in micro-batches of its own (a token budget: longest
     first), regrouped into the update's: neither grouping nor packing changes the global token-mean."""
     common = [*SMALL, "--reward=delta-topk", "--steps=3", "--save-every=3"]
@@ -96,7 +96,7 @@ def test_checkpoint_is_a_loadable_hf_folder(world, tmp_path):
     train(*SMALL, "--reward=opd", "--steps=2", "--save-every=1", f"--run-dir={tmp_path}")
     run = tmp_path / "train/opd"
     verify_dir(run)
-    init = toy.model_dir("student")
+    init = builder.model_dir("student")
     for step in (1, 2):
         ck = run / f"step_{step:06d}"
         meta = read_json(ck / "checkpoint.json")
@@ -118,7 +118,7 @@ def test_checkpoint_is_a_loadable_hf_folder(world, tmp_path):
 def test_overlong_prompt_is_named(world, tmp_path):
     from transformers import AutoTokenizer
     from lib.data import prompt_ids
-    tok = AutoTokenizer.from_pretrained(toy.model_dir("student"))
+    tok = AutoTokenizer.from_pretrained(builder.model_dir("student"))
     rows = [{"id": "short-a", "problem": "Compute 1+2."}, {"id": "long-b", "problem": "Compute 1+2+3."},
             {"id": "short-c", "problem": "Compute 4-2."}]
     lengths = {r["id"]: len(prompt_ids(tok, r["problem"])) for r in rows}

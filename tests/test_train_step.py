@@ -11,10 +11,12 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from helpers import REPO
-from lib import benchmarks, opd, toy
+from lib import benchmarks
 from lib.data import prompt_ids
-from lib.sampling import HFEngine, sample
-from lib.scoring import TokenScorer, pack
+from lib.sample.engine import HFEngine, sample
+from lib.toy import builder
+from lib.train import opd
+from lib.train.scoring import TokenScorer, pack
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 K = 4
@@ -34,9 +36,9 @@ def world():
 
 def make_world():
     """The toy pair, four training prompts and the student's own sampled rollouts of them, packed as 03 packs."""
-    toy.build()
-    tok = AutoTokenizer.from_pretrained(toy.model_dir("student"))
-    lms = {k: AutoModelForCausalLM.from_pretrained(toy.model_dir(k), dtype=torch.float32).eval()
+    builder.build()
+    tok = AutoTokenizer.from_pretrained(builder.model_dir("student"))
+    lms = {k: AutoModelForCausalLM.from_pretrained(builder.model_dir(k), dtype=torch.float32).eval()
            for k in ("student", "pre", "post")}
     rows, _ = benchmarks.load_benchmark("toy_train", require_answer=False)
     prompts = [prompt_ids(tok, r["problem"]) for r in rows[:4]]
@@ -81,7 +83,7 @@ def assert_grads_close(got: dict, lm, rel=1e-4):
 
 
 def script_grads(world, reward, kl_coef, topk_ids=None, packed=False):
-    """The script's loss and student gradient; `packed`: every model on lib/varlen.py's padding-free batches."""
+    """The script's loss and student gradient; `packed`: every model on lib/kernels/varlen.py's padding-free batches."""
     m03, batch = world["m03"], world["batch"]
     lms = {k: copy.deepcopy(v) for k, v in world["lms"].items()} if packed else world["lms"]
     if packed:
@@ -178,7 +180,7 @@ def test_one_opd_step_raises_the_teachers_argmax(world):
 
 
 def test_micro_batch_plan_by_token_budget():
-    from lib.scoring import micro_batch_plan as plan
+    from lib.train.scoring import micro_batch_plan as plan
     lengths = [30, 100, 55, 60, 20, 250, 45]
     assert plan(lengths, 3) == [[0, 1, 2], [3, 4, 5], [6]]                       # no budget: sampling order
     got = plan(lengths, 3, max_tokens=150)
@@ -196,7 +198,7 @@ def test_scoring_in_big_micro_batches_regrouped_equals_scoring_in_the_update_pla
     """Step 2 in one micro-batch of all four rollouts (as scoring's own budget packs it on CUDA), regrouped into the
     update's two = step 2 run on those two directly: the same top-K ids, stop flags and sampler log-probs, the
     log-probs and entropies to float tolerance (padding differs); regrouping back returns the very tensors."""
-    from lib.scoring import regroup
+    from lib.train.scoring import regroup
     m03, lms, tok, outs = world["m03"], world["lms"], world["tok"], world["outs"]
     student, ref = TokenScorer(lms["student"]), TokenScorer(lms["pre"])
     teachers = {"pi_post": TokenScorer(lms["post"]), "pi_pre": TokenScorer(lms["pre"])}
@@ -225,7 +227,7 @@ def test_scoring_in_big_micro_batches_regrouped_equals_scoring_in_the_update_pla
 def test_sampler_gap_sums_over_the_tokens_that_have_a_sampler_logprob():
     """rollout/logprob_gap's sums (lib/scoring.sampler_gap) against a hand computation: a NaN sampler log-prob (the
     engine returned none for that rollout) adds neither to the sum nor to the count."""
-    from lib.scoring import sampler_gap
+    from lib.train.scoring import sampler_gap
     nan = float("nan")
     sampler = [torch.tensor([-1.0, nan, nan, -0.5]), torch.tensor([-2.0, -3.0]), torch.tensor([nan])]
     scored = [torch.tensor([-1.25, -7.0, -9.0, -0.5]), torch.tensor([-2.5, -2.0]), torch.tensor([-4.0])]
@@ -259,7 +261,7 @@ def test_counts_below_one_are_refused_in_one_line_naming_the_flag(world, capsys)
 def test_step_phase_defaults_cpu_unchanged_cuda_scaled(world):
     """--compile auto is off here (CPU) and on on CUDA; scoring uses the update's plan on CPU (None) and 4× the
     update's micro-batch on CUDA; the built-in sampler's slots: --micro-batch × 8 on CPU, B·n/W on CUDA."""
-    from lib.step_phases import PhaseClock, resolve_auto, sampler_slots, score_limits
+    from lib.train.step_phases import PhaseClock, resolve_auto, sampler_slots, score_limits
     p = world["m03"].parse_args
     a = p(["--pair=toy"])
     assert a.compile is False and not torch.cuda.is_available()
@@ -268,7 +270,7 @@ def test_step_phase_defaults_cpu_unchanged_cuda_scaled(world):
     assert a.packing is False and p(["--packing", "on"]).packing is True     # padded on CPU unless asked
     assert resolve_auto("auto", True) is True and resolve_auto("auto", False) is False
     assert resolve_auto("on", False) is True and resolve_auto("off", True) is False
-    from lib.dist import RECOMPILE_LIMIT, allow_recompiles
+    from lib.train.dist import RECOMPILE_LIMIT, allow_recompiles
     saved = torch._dynamo.config.recompile_limit
     try:     # compiled layers of four models need more than dynamo's default 8 graphs, or the rest run eagerly
         torch._dynamo.config.recompile_limit = 8
@@ -304,7 +306,7 @@ def test_step_phase_defaults_cpu_unchanged_cuda_scaled(world):
     finally:
         gc.enable()
     assert 0.0 < clock.gc_seconds["sync"] <= clock.seconds["sync"] and clock.gc_seconds["gen"] == 0.0
-    from lib.step_phases import freeze_heap
+    from lib.train.step_phases import freeze_heap
     import weakref
 
     class Node:
@@ -321,18 +323,18 @@ def test_step_phase_defaults_cpu_unchanged_cuda_scaled(world):
 
 
 def test_an_oom_beside_a_resident_vllm_engine_names_its_share_and_the_fixes(monkeypatch):
-    """lib.sampling_vllm.explain_oom, around 03's main: with a resident engine recorded, a CUDA OOM becomes one line
+    """lib.sample.vllm_engine.explain_oom, around 03's main: with a resident engine recorded, a CUDA OOM becomes one line
     with the engine's GiB, its share and both fixes; without one, the OOM passes unchanged, as any other error does."""
-    from lib import sampling_vllm
+    from lib.sample import vllm_engine
     oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.\nmore text")
     for err in (oom, ValueError("not memory")):             # no resident engine: unchanged
-        with pytest.raises(type(err)) as caught, sampling_vllm.explain_oom():
+        with pytest.raises(type(err)) as caught, vllm_engine.explain_oom():
             raise err
         assert caught.value is err
-    monkeypatch.setattr(sampling_vllm, "RESIDENT", {"gib": 21.6, "share": 0.15})
-    with pytest.raises(ValueError), sampling_vllm.explain_oom():
+    monkeypatch.setattr(vllm_engine, "RESIDENT", {"gib": 21.6, "share": 0.15})
+    with pytest.raises(ValueError), vllm_engine.explain_oom():
         raise ValueError("not memory")
-    with pytest.raises(SystemExit) as caught, sampling_vllm.explain_oom():
+    with pytest.raises(SystemExit) as caught, vllm_engine.explain_oom():
         raise oom
     msg = str(caught.value)
     assert "\n" not in msg and "21.6 GiB" in msg and "--gpu-memory-utilization 0.15" in msg

@@ -15,8 +15,8 @@ import os
 import pytest
 
 from helpers import REPO, run_script
-from lib import toy
 from lib.artifacts import read_jsonl
+from lib.toy import builder
 from test_sampling_vllm import VLLM_PY, skip
 from test_train import assert_same_metrics
 
@@ -38,7 +38,7 @@ def train(run_dir, steps):
 
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory):
-    toy.build()
+    builder.build()
     return train(tmp_path_factory.mktemp("vllm_straight"), 3)
 
 

@@ -1,4 +1,4 @@
-"""lib/varlen.py and packed batches: the glue around varlen_attn against an independent dense reference, the
+"""lib/kernels/varlen.py and packed batches: the glue around varlen_attn against an independent dense reference, the
 signature adaptation across torch releases, the packed layout's indexing, and the profile bench's CPU smoke.
 (The packed scorer's log-probs and gradient = plain padded HF: tests/test_train_step.py; 2 packed gloo processes =
 1 padded process: tests/test_train.py. The real FlashAttention kernel runs on CUDA only: bench/varlen_check.py.)"""
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from helpers import REPO
-from lib import varlen
-from lib.scoring import TokenScorer, pack
+from lib.kernels import varlen
+from lib.train.scoring import TokenScorer, pack
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

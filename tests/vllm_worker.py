@@ -1,4 +1,4 @@
-"""Runs lib.sampling's `vllm` backend for tests/test_sampling_vllm.py, inside the vLLM venv (its own torch and
+"""Runs lib.sample.engine's `vllm` backend for tests/test_sampling_vllm.py, inside the vLLM venv (its own torch and
 transformers), with ONE engine start (≈15–30 s on CPU), and writes every result as JSON.
 
     .venv-vllm/bin/python tests/vllm_worker.py job.json out.json
@@ -20,14 +20,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 def main(job_path: str, out_path: str) -> None:
     job, out, t0 = json.loads(Path(job_path).read_text()), {}, time.time()
     try:
-        import vllm  # noqa: F401  (a broken install is a skip, not a failure of lib.sampling)
+        import vllm  # noqa: F401  (a broken install is a skip, not a failure of lib.sample.engine)
     except Exception as e:  # noqa: BLE001
         Path(out_path).write_text(json.dumps({"import_error": f"{type(e).__name__}: {e}"}))
         sys.exit(3)
     from safetensors.torch import load_file
 
-    from lib.sampling import sample
-    from lib.sampling_vllm import VLLMEngine
+    from lib.sample.engine import sample
+    from lib.sample.vllm_engine import VLLMEngine
 
     engine = VLLMEngine(job["model"], dtype=job["dtype"], max_model_len=job["max_model_len"], enable_sleep_mode=True)
     out["timings"] = {"engine_start_s": time.time() - t0}

@@ -1,0 +1,120 @@
+"""Padding-free micro-batches: every sequence of a micro-batch laid end to end in one row, attention kept inside each.
+
+A packed micro-batch is one row of Σ L_i tokens (no pad token anywhere), `position_ids` restarting at 0 at each
+sequence, and `cu_seqlens` = [0, L_0, L_0 + L_1, …] (int32), the boundaries. Hugging Face models take this as
+`position_ids` (the rotary positions) plus the FlashAttention keyword arguments `cu_seq_lens_q/_k`, `max_length_q/_k`,
+which they hand down to the attention function untouched. We register one such function under the name `NAME`:
+  - on CUDA in bf16/fp16: `torch.nn.attention.varlen.varlen_attn` (PyTorch's FlashAttention-2 varlen kernel), causal,
+    forward and backward; KV heads repeated for grouped-query attention where the installed torch lacks enable_gqa;
+  - anywhere else (CPU, fp32): the reference, one causal `scaled_dot_product_attention` per sequence. It is what the
+    tests compare the padded path against, and a named fallback, never the fast path.
+A model whose `config._attn_implementation` is `NAME` has no mask function registered for it, so Hugging Face builds
+no (T, T) mask at all (its rule for attention backends that bring their own masking).
+
+Why: with padding, a micro-batch costs rows × longest; packed, it costs Σ L_i, and a padding mask keeps SDPA on a
+masked kernel. At the 1.5B shape on one H200 (prompts of 60–260 tokens + 400 response tokens, bench/profile_step.py)
+packing cut the scoring matmul time by 14–18 % and its attention from 0.53 s to 0.25 s (bench/RESULTS.md).
+"""
+from __future__ import annotations
+
+import inspect
+import os
+
+import torch
+import torch.nn.functional as F
+
+NAME = "opd_varlen"
+
+
+def register() -> None:
+    """Make `NAME` an attention implementation Hugging Face models can be switched to (idempotent)."""
+    from transformers import AttentionInterface
+    AttentionInterface.register(NAME, attention)
+
+
+def use_packing(lm: torch.nn.Module) -> None:
+    """Switch a Hugging Face model to packed batches (its attention becomes `attention` below)."""
+    register()
+    lm.config._attn_implementation = NAME              # every layer reads its attention from this one config
+
+
+def cu_seqlens(lengths: list[int]) -> torch.Tensor:
+    """[0, L_0, L_0 + L_1, …] as int32: the boundaries of packed sequences."""
+    out = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    out[1:] = torch.tensor(lengths, dtype=torch.int64).cumsum(0)
+    return out
+
+
+def attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None,
+              **kwargs):
+    """Hugging Face's attention-function contract: query (1, Hq, T, D), key/value (1, Hkv, T, D) → ((1, T, Hq, D),
+    None). Needs `cu_seq_lens_q` and `max_length_q` in kwargs (lib/train/scoring.py's packed Batch passes them)."""
+    cu, max_len = kwargs.get("cu_seq_lens_q"), kwargs.get("max_length_q")
+    if cu is None or max_len is None:
+        raise ValueError(f"attention {NAME!r} needs a packed batch (cu_seq_lens_q, max_length_q): build the batch with "
+                         f"lib.train.scoring.pack(..., packed=True), or build the model without packing")
+    if query.shape[0] != 1:
+        raise ValueError(f"a packed batch is one row; got {query.shape[0]} rows")
+    if dropout:
+        raise ValueError("packed attention has no dropout (the trainer never uses it)")
+    q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))           # (T, H, D)
+    scale = scaling if scaling is not None else q.shape[-1] ** -0.5
+    fast = q.is_cuda and q.dtype in (torch.bfloat16, torch.float16) and _VARLEN is not None
+    out = (_flash if fast else reference)(q, k, v, cu.to(q.device, torch.int32), max_len, scale)
+    return out[None], None
+
+
+def reference(q, k, v, cu, max_len, scale):
+    """(T, Hq, D) causal attention within each [cu[i], cu[i+1]) span: one SDPA call per sequence (the fallback)."""
+    groups = q.shape[1] // k.shape[1]
+    out = torch.empty_like(q)
+    bounds = cu.tolist()
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        qs, ks, vs = q[a:b].transpose(0, 1), k[a:b].transpose(0, 1), v[a:b].transpose(0, 1)      # (H, L, D)
+        if groups > 1:
+            ks, vs = ks.repeat_interleave(groups, 0), vs.repeat_interleave(groups, 0)
+        out[a:b] = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale).transpose(0, 1)
+    return out
+
+
+def call_kwargs(fn) -> dict:
+    """The keyword arguments that make this torch's varlen_attn causal (and grouped-query, where it can be)."""
+    params = inspect.signature(fn).parameters
+    # the causal switch moved between torch releases: is_causal=True (2.10), window_size=(-1, 0) (2.11 on)
+    causal = {"is_causal": True} if "is_causal" in params else {"window_size": (-1, 0)}
+    return causal | ({"enable_gqa": True} if "enable_gqa" in params else {}) | ({"scale": None} if "scale" in params
+                                                                               else {})
+
+
+def _find_varlen():
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None, {}
+    return varlen_attn, call_kwargs(varlen_attn)
+
+
+_VARLEN, _VARLEN_KW = _find_varlen()
+# varlen_attn is a custom op with a fake (shape) implementation and a registered backward, so torch.compile traces it
+# inside each compiled decoder layer (max_len becomes a symbolic int after its first change: one recompile).
+# OPD_VARLEN_EAGER=1 runs it outside the graph instead (a graph break per layer), for a torch that cannot trace it.
+EAGER = os.environ.get("OPD_VARLEN_EAGER") == "1"
+
+
+def _flash(q, k, v, cu, max_len, scale):
+    return (_flash_outside_graph if EAGER else _flash_kernel)(q, k, v, cu, max_len, scale)
+
+
+def _flash_kernel(q, k, v, cu, max_len, scale):
+    kw = dict(_VARLEN_KW)
+    if "enable_gqa" not in kw and k.shape[1] != q.shape[1]:
+        groups = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+    if "scale" in kw:
+        kw["scale"] = scale
+    elif abs(scale - q.shape[-1] ** -0.5) > 1e-12:
+        raise NotImplementedError("this torch's varlen_attn has no scale argument; the model's scale is not 1/√D")
+    return _VARLEN(q.contiguous(), k.contiguous(), v.contiguous(), cu, cu, max_len, max_len, **kw)
+
+
+_flash_outside_graph = torch.compiler.disable(_flash_kernel)

@@ -1,0 +1,8 @@
+"""Statistics and the report (DESIGN.md §6, §11): what 05_stats.py and 06_report.py compute and draw.
+
+    stats.py      the paired per-problem bootstrap and the rules built on it: pure numerics, no disk
+    campaign.py   reading a campaign folder (eval units, training runs, manifests), verified first
+    figures.py    the report's figures, from the records of 05_stats
+
+May import: the plumbing, and lib/train/collapse.py (the collapse thresholds, declared once).
+"""

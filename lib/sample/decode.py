@@ -1,0 +1,303 @@
+"""The built-in decoder: a Hugging Face Llama / Qwen2-style causal LM sampled by a loop that owns its KV cache.
+
+    prefill   waiting prompts, right-padded, in one batched forward pass per refill; their K/V go into free slots
+    decode    one token for every slot: forward (S, 1) → draw (lib/sample/draw.py) → stop / cap bookkeeping, all on
+              device; on CUDA each step is one replay of a captured CUDA graph (no host sync, no Python per kernel)
+    refill    every `sync_every` steps the host reads which slots finished, collects them and, once ≥ 1/8 of the
+              slots are free, prefills waiting requests into them (continuous batching: a long tail does not idle
+              the batch; a finished slot still computes until it is refilled)
+
+The cache is preallocated, K and V each (S, H_kv, T_max, D) per layer, a slot's sequence starting at position 0 of
+its own row. Grouped-query attention without copying K/V: a kv head's G query heads are G query rows. Two steps:
+
+    v1   (CPU; `fuse_gemms=False, compile_step=False, attn_impl="sdpa"|"matmul"`) the model's own projections,
+         attention over the first `kv_len` positions (rounded up to `kv_bucket`, one graph per bucket) masked to
+         pos ≤ pos_S, small glue functions compiled one kernel each on CUDA (`fuse`)
+    v2   (CUDA default) one GEMM for q|k|v and one for gate|up (`fuse_gemms`: concatenated copies of the weights,
+         rebuilt from the model at the start of every `run`), each layer two torch.compile'd blocks
+         (`compile_step`, a torch.compile mode if a str), attention by lib/sample/decode_triton.py over each slot's
+         live length (`attn_impl="triton"`, tuned by `attn_opts`; no buckets: one graph for every length), GEMMs by
+         lib/sample/skinny_gemm.py (`gemm_opts`, {projection: tiling}; else its defaults: down_proj at ≤ 64 slots);
+         the fast draw's cumulative sums in two levels (`draw_blocked`, lib/sample/draw.py), the step's fast or
+         greedy draw compiled whole (`compile_draw`, a backend if a str: ~110 launch-bound kernels → a few; exact
+         draws stay eager)
+CPU runs v1 eagerly unless asked otherwise; its numerics are those of the toy campaign. Slot invariance: a request's
+tokens do not depend on the slot count or batch-mates up to the numerics of the GEMMs (v2's attention is per slot).
+
+The layers are the model's own modules (norms, rotary table, projections or v2's copies of them), so weights
+pushed into the model in place (HFEngine.update_weights) are what the next run reads, graphs included (a replaced
+tensor, one with a new address, drops the graphs); only attention and the cache are ours. Supported: model_type
+qwen2, llama, qwen3 (per-head q/k norms), full attention.
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+import torch.nn.functional as F
+
+from lib.sample.decode_step import V1_PIECES, FusedWeights, _rope, make_blocks
+from lib.sample.draw import draw_tokens, split_seeds
+
+SUPPORTED = ("qwen2", "llama", "qwen3")
+
+
+class Decoder:
+    """Continuous-batching sampler over `slots` rows for prompts of ≤ max_len − max_new_tokens tokens."""
+
+    def __init__(self, model, *, slots: int, max_len: int, max_new_tokens: int, stop_ids: list[int],
+                 mode: str, cuda_graphs: bool | None = None, sync_every: int | None = None,
+                 kv_bucket: int | None = None, prefill_tokens: int = 65_536, attn_impl: str | None = None,
+                 fuse: bool | None = None, fuse_gemms: bool | None = None, compile_step: bool | str | None = None,
+                 attn_opts: dict | None = None, draw_blocked: bool | None = None,
+                 compile_draw: bool | str | None = None, gemm_opts: dict | None = None):
+        cfg = model.config
+        if cfg.model_type not in SUPPORTED or getattr(cfg, "use_sliding_window", False):
+            raise TypeError(f"lib.sample.decode runs full-attention {SUPPORTED} decoders; {type(model).__name__} "
+                            f"(model_type {cfg.model_type!r}) is not one: sample it with backend 'vllm'")
+        inner, p = model.model, next(model.parameters())
+        self.model, self.layers, self.device, self.dtype = model, inner.layers, p.device, p.dtype
+        self.S, self.T, self.N, self.mode = slots, max_len, max_new_tokens, mode
+        self.H, self.Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.D = self.layers[0].self_attn.head_dim
+        cuda = self.device.type == "cuda"
+        self.graphs_on = cuda if cuda_graphs is None else cuda_graphs
+        self.sync_every, self.kv_bucket = sync_every or (16 if cuda else 1), kv_bucket or (256 if cuda else 1)
+        self.refill_min = max(1, slots // 8)
+        pow2, self.prefill_tokens = self.D >= 16 and not self.D & (self.D - 1), prefill_tokens
+        self.attn_impl = attn_impl or ("sdpa" if not cuda else "triton" if pow2 else "matmul")
+        self.eps, self.silu = cfg.rms_norm_eps, getattr(cfg, "hidden_act", None) == "silu"
+        # draw_blocked: lib/sample/draw.py's two-level search
+        self.draw_blocked, self.fuse_gemms, self.compile_step = (
+            cuda if x is None else x for x in (draw_blocked, fuse_gemms, compile_step))
+        self.v2 = bool(self.fuse_gemms or self.compile_step or self.attn_impl == "triton")
+        c = bool(self.v2 and self.compile_step) if compile_draw is None else compile_draw   # True or a backend
+        self.draw_c = torch.compile(draw_tokens, dynamic=False, fullgraph=True, **(
+            {"backend": c} if isinstance(c, str) else {})) if c else draw_tokens       # the step's fast / greedy draw
+        fns, pieces = V1_PIECES, not self.v2 and (cuda if fuse is None else fuse)
+        if pieces or self.v2 and self.compile_step:             # graphs per slot count (v1: and kv bucket)
+            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+        if pieces:                                              # v1: one kernel each
+            fns = {k: torch.compile(f, dynamic=False, fullgraph=True) for k, f in fns.items()}
+        self.fx = SimpleNamespace(**fns)
+        if self.v2:                                             # v2: two compiled blocks per layer, weights as args
+            act = F.silu if self.silu else self.layers[0].mlp.act_fn
+            from lib.sample.skinny_gemm import defaults, tiling                      # {projection: Triton tiling}
+            self.gemms = defaults(slots, cuda) if gemm_opts is None else {k: tiling(v) for k, v in gemm_opts.items()}
+            self.blocks = make_blocks(self.H, self.Hkv, self.D, self.eps, act, self.compile_step or False, self.gemms)
+            self.weights = FusedWeights(model, self.fuse_gemms)
+        self.split_attn = None
+        if self.attn_impl == "triton":   # imported lazily (TRITON_INTERPRET is read at its import); attn_opts:
+            from lib.sample.decode_triton import SplitAttention
+            self.split_attn = SplitAttention(slots, self.H, self.Hkv, self.D, max_len, self.dtype, self.device,
+                                             **attn_opts or {})                # chunk, block, warps, stages
+        kw = dict(device=self.device, dtype=self.dtype)
+        self.k = [torch.zeros(slots, self.Hkv, max_len, self.D, **kw) for _ in self.layers]   # (S, H_kv, T, D)
+        self.v = [torch.zeros_like(k) for k in self.k]
+        self.cos, self.sin = (t[0] for t in inner.rotary_emb(torch.zeros(1, **kw),
+                                                             torch.arange(max_len, device=self.device)[None]))
+        i64 = dict(device=self.device, dtype=torch.int64)
+        self.stop_t = torch.tensor(stop_ids, **i64)
+        self.tok_S, self.pos_S, self.step_S, self.lo_S, self.hi_S = (torch.zeros(slots, **i64) for _ in range(5))
+        self.done_S = torch.ones(slots, device=self.device, dtype=torch.bool)
+        self.out_tok_SN = torch.zeros(slots, max_new_tokens, **i64)
+        self.out_lp_SN = torch.zeros(slots, max_new_tokens, device=self.device, dtype=torch.float32)
+        self.temp, self.top_p = (torch.ones((), device=self.device) for _ in range(2))
+        self.graphs, self.pool, self.ptrs = {}, None, None
+
+    # --- the forward passes (the model's modules, our attention) ---
+
+    def _qkv(self, attn, h, B, T):
+        q = attn.q_proj(h).view(B, T, self.H, self.D)
+        k = attn.k_proj(h).view(B, T, self.Hkv, self.D)
+        if hasattr(attn, "q_norm"):                                        # qwen3: RMSNorm per head before rope
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        return q.transpose(1, 2), k.transpose(1, 2), attn.v_proj(h).view(B, T, self.Hkv, self.D).transpose(1, 2)
+
+    def _forward_prefill(self, ids_BT, lens_B, slots_B):
+        """Prompts right-padded in (B, T); K/V written to positions [0, T) of `slots_B`; last-token logits (B, V)."""
+        B, T = ids_BT.shape
+        x = self.model.model.embed_tokens(ids_BT)                          # (B, T, E)
+        cos, sin = self.cos[:T], self.sin[:T]                              # (T, D)
+        for l, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            q, k, v = self._qkv(attn, layer.input_layernorm(x), B, T)      # (B, H|H_kv, T, D)
+            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+            self.k[l][:, :, :T].index_copy_(0, slots_B, k)
+            self.v[l][:, :, :T].index_copy_(0, slots_B, v)
+            G = self.H // self.Hkv                                         # right padding: causal is enough
+            o = F.scaled_dot_product_attention(q, k.repeat_interleave(G, 1), v.repeat_interleave(G, 1),
+                                               is_causal=True, scale=attn.scaling)
+            x = x + attn.o_proj(o.transpose(1, 2).reshape(B, T, self.H * self.D))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self.model.lm_head(self.model.model.norm(x[torch.arange(B, device=x.device), lens_B - 1]))
+
+    def _attend(self, q, k, v, mask, scale):
+        """(S, H_kv, G, D) queries against (S, H_kv, kv, D): SDPA, or two batched GEMMs (`attn_impl="matmul"`)."""
+        if self.attn_impl == "sdpa":
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+        return self.fx.masked_softmax(q @ k.transpose(-1, -2), mask, scale) @ v
+
+    def _mlp(self, mlp, h):
+        if not self.silu:
+            return mlp(h)
+        return mlp.down_proj(self.fx.silu_mul(mlp.gate_proj(h), mlp.up_proj(h)))
+
+    def _forward_decode(self, kv_len: int):
+        """tok_S at pos_S for every slot: K/V written there, attention over [0, kv_len) masked to ≤ pos_S."""
+        S, G, fx, L = self.S, self.H // self.Hkv, self.fx, len(self.layers)
+        x = self.model.model.embed_tokens(self.tok_S)[:, None]            # (S, 1, E)
+        cos, sin = self.cos[self.pos_S][:, None, None], self.sin[self.pos_S][:, None, None]   # (S, 1, 1, D)
+        mask = (torch.arange(kv_len, device=self.device) <= self.pos_S[:, None])[:, None, None]  # (S, 1, 1, kv)
+        at = self.pos_S[:, None, None, None].expand(S, self.Hkv, 1, self.D)
+        h = fx.rms(x, self.layers[0].input_layernorm.weight, self.eps)
+        for l, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            q, k, v = self._qkv(attn, h, S, 1)
+            q, k = fx.rope2(q, k, cos, sin)
+            self.k[l].scatter_(2, at, k)
+            self.v[l].scatter_(2, at, v)
+            o = self._attend(q.reshape(S, self.Hkv, G, self.D), self.k[l][:, :, :kv_len], self.v[l][:, :, :kv_len],
+                             mask, attn.scaling)                            # (S, H_kv, G, D) = heads in HF order
+            x, h = fx.add_rms(x, attn.o_proj(o.reshape(S, 1, self.H * self.D)),
+                              layer.post_attention_layernorm.weight, self.eps)
+            nxt = self.layers[l + 1].input_layernorm if l + 1 < L else self.model.model.norm
+            x, h = fx.add_rms(x, self._mlp(layer.mlp, h), nxt.weight, self.eps)
+        return self.model.lm_head(h[:, 0])
+
+    def _forward_decode_v2(self, kv_len: int):
+        """v1's step in two blocks a layer (lib/sample/decode_step.py), attention over the live length (`triton`) or
+        as v1."""
+        S, G, D, (attn_in, attn_out_mlp) = self.S, self.H // self.Hkv, self.D, self.blocks
+        x = self.model.model.embed_tokens(self.tok_S)                     # (S, E)
+        cos, sin = self.cos[self.pos_S][:, None], self.sin[self.pos_S][:, None]   # (S, 1, D)
+        if self.split_attn is None:
+            mask = (torch.arange(kv_len, device=self.device) <= self.pos_S[:, None])[:, None, None]
+            at = self.pos_S[:, None, None, None].expand(S, self.Hkv, 1, D)
+        h = self.fx.rms(x, self.layers[0].input_layernorm.weight, self.eps)
+        for l, (layer, w) in enumerate(zip(self.layers, self.weights.layers)):
+            scale = layer.self_attn.scaling
+            q, k, v = attn_in(h, w["qkv"], w["q_norm"], w["k_norm"], w["qk_eps"], cos, sin)   # (S, H|H_kv, D)
+            if self.split_attn is not None:                                 # writes k, v into the cache too
+                o = self.split_attn(q, k, v, self.k[l], self.v[l], self.pos_S, scale)
+            else:
+                self.k[l].scatter_(2, at, k[:, :, None])
+                self.v[l].scatter_(2, at, v[:, :, None])
+                o = self._attend(q.reshape(S, self.Hkv, G, D), self.k[l][:, :, :kv_len],
+                                 self.v[l][:, :, :kv_len], mask, scale)
+            x, h = attn_out_mlp(x, o.reshape(S, self.H * D), w["wo"], w["ln2"], w["gate_up"], w["wd"],
+                                w["ln_next"])
+        return self.model.lm_head(h)
+
+    # --- one decode step: forward, draw, bookkeeping (graph-safe: no host sync) ---
+
+    def _draw(self, logits, lo, hi, step, trim, fn=draw_tokens):
+        return fn(logits, lo, hi, step, self.temp, self.top_p, greedy=self.greedy, use_top_p=self.use_top_p,
+                  mode=self.mode, trim=trim, blocked=self.draw_blocked)
+
+    def _step(self, kv_len: int):
+        fwd = self._forward_decode_v2 if self.v2 else self._forward_decode
+        fn = draw_tokens if self.mode == "exact" else self.draw_c         # exact: eager, the documented ops
+        tok_S, lp_S = self._draw(fwd(kv_len), self.lo_S, self.hi_S, self.step_S, trim=False, fn=fn)
+        live_S = ~self.done_S
+        col = self.step_S.clamp(max=self.N - 1)[:, None]
+        self.out_tok_SN.scatter_(1, col, torch.where(live_S[:, None], tok_S[:, None], self.out_tok_SN.gather(1, col)))
+        self.out_lp_SN.scatter_(1, col, torch.where(live_S[:, None], lp_S[:, None], self.out_lp_SN.gather(1, col)))
+        stopped_S = (tok_S[:, None] == self.stop_t).any(-1)
+        self.step_S += live_S
+        self.done_S |= live_S & (stopped_S | (self.step_S >= self.N))
+        self.tok_S.copy_(torch.where(live_S, tok_S, self.tok_S))
+        self.pos_S += live_S & ~self.done_S
+
+    def _replay(self, kv_len: int):
+        if not self.graphs_on:
+            return self._step(kv_len)
+        key = (kv_len, self.greedy, self.use_top_p, self.mode)
+        if key not in self.graphs:      # capture; the warm-up step runs on live state, so it is undone after
+            state = [self.tok_S, self.pos_S, self.step_S, self.done_S, self.out_tok_SN, self.out_lp_SN]
+            saved = [t.clone() for t in state]
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self._step(kv_len)
+            torch.cuda.current_stream().wait_stream(side)
+            self.pool = self.pool or torch.cuda.graph_pool_handle()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=self.pool):
+                self._step(kv_len)
+            for t, s in zip(state, saved):   # K/V the warm-up wrote are the ones the real step rewrites
+                t.copy_(s)
+            self.graphs[key] = g
+        self.graphs[key].replay()
+
+    # --- the loop ---
+
+    def _prefill(self, slots: list[int], prompts: list[list[int]], seeds: list[int]):
+        """Prefill in passes of ≤ prefill_tokens padded tokens; each row's first token drawn at step 0."""
+        a = 0
+        while a < len(slots):
+            n = max(1, self.prefill_tokens // max(len(p) for p in prompts[a:]))
+            sl, ps, ss, a = slots[a:a + n], prompts[a:a + n], seeds[a:a + n], a + n
+            T = max(len(p) for p in ps)
+            ids = torch.tensor([p + [0] * (T - len(p)) for p in ps], device=self.device)     # (B, T) right-padded
+            lens = torch.tensor([len(p) for p in ps], device=self.device)
+            slot_t = torch.tensor(sl, device=self.device)
+            lo, hi = split_seeds(ss, self.device)
+            tok, lp = self._draw(self._forward_prefill(ids, lens, slot_t), lo, hi, 0, trim=True)
+            self.lo_S[slot_t], self.hi_S[slot_t], self.tok_S[slot_t], self.pos_S[slot_t] = lo, hi, tok, lens
+            self.step_S[slot_t] = 1
+            self.out_tok_SN[slot_t, 0], self.out_lp_SN[slot_t, 0] = tok, lp
+            self.done_S[slot_t] = (tok[:, None] == self.stop_t).any(-1) | (self.N == 1)
+
+    @torch.no_grad()
+    def run(self, prompts: list[list[int]], seeds: list[int], *, temperature: float, top_p: float,
+            on_done=None) -> list[tuple[list[int], list[float]]]:
+        """Per request (generated ids, raw log-probs), cut at its first stop id or at max_new_tokens; in input order.
+        `on_done(n)` is called as requests finish (a progress bar)."""
+        if max(map(len, prompts)) + self.N > self.T:
+            raise ValueError(f"a prompt of {max(map(len, prompts))} tokens + {self.N} new exceeds the decoder's "
+                             f"cache of {self.T} positions; build it with a larger max_len")
+        ptrs = self.weights.refresh() if self.v2 else tuple(t.data_ptr() for t in self.model.parameters())
+        if ptrs != self.ptrs:                                  # a weight tensor was replaced, not written in place:
+            self.graphs, self.ptrs = {}, ptrs                  # graphs captured its old address
+        self.greedy, self.use_top_p = temperature == 0, top_p < 1
+        self.temp.fill_(temperature if temperature > 0 else 1.0)
+        self.top_p.fill_(top_p)
+        self.done_S.fill_(True)
+        waiting = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))[::-1]   # pop() takes the longest
+        held: dict[int, int] = {}                              # slot → request
+        hpos = [0] * self.S                                    # per slot: an upper bound of its next write position
+        hstep = [0] * self.S                                   # per slot: an upper bound of its generated tokens
+        out: list = [None] * len(prompts)
+        free = list(range(self.S))
+        while True:
+            if waiting and len(free) >= min(self.refill_min, len(waiting)) or free and waiting and not held:
+                # refill, one batched prefill for all free slots, once enough are free: a prefill costs a step
+                new = [(s, waiting.pop()) for s in free[:len(waiting)]]
+                self._prefill([s for s, _ in new], [prompts[r] for _, r in new], [seeds[r] for _, r in new])
+                for s, r in new:
+                    held[s], hpos[s], hstep[s] = r, len(prompts[r]), 1
+                free = free[len(new):]
+            if not held:
+                return out
+            k = min(self.sync_every, max(self.N - hstep[s] for s in held))
+            if k > 0:
+                kv = max(hpos[s] for s in held) + k           # the bucket (the triton kernel reads lengths)
+                kv = self.T if self.split_attn else min(self.T, -(-kv // self.kv_bucket) * self.kv_bucket)
+                for _ in range(k):
+                    self._replay(kv)
+                for s in held:
+                    hpos[s], hstep[s] = min(hpos[s] + k, self.T - 1), hstep[s] + k
+            done = self.done_S.tolist()                        # the one host sync per `sync_every` steps
+            fin = [s for s in held if done[s]]
+            if k == 0 and len(fin) < len(held):
+                raise RuntimeError(f"decoder: slots {sorted(set(held) - set(fin))} ran {self.N} steps without "
+                                   "finishing; the device's step counts disagree with the host's (a bug in lib/decode)")
+            if fin:
+                idx = torch.tensor(fin, device=self.device)
+                toks, lps, n = self.out_tok_SN[idx].tolist(), self.out_lp_SN[idx].tolist(), self.step_S[idx].tolist()
+                for s, t, lp, m in zip(fin, toks, lps, n):
+                    out[held.pop(s)] = (t[:m], lp[:m])
+                free += fin
+                if on_done:
+                    on_done(len(fin))

@@ -1,0 +1,144 @@
+"""Sampling completions from a causal LM: one `sample()` over two real backends, `hf` (built in) and `vllm`.
+
+Both return, per request, a Completion (lib/sample/completion.py): the generated token ids (the stop token included when
+the model stopped), the text, the log-prob of every generated token under the model's RAW distribution and whether
+it stopped or hit the cap:
+
+    logprob_t = log_softmax(logits_t)[y_t]          (unscaled logits: T = 1, no top-p), one per token id
+
+so the trainer can compare sampler and trainer log-probs on the realized tokens (DESIGN.md §7.4 `rollout/logprob_gap`).
+
+The `hf` backend is lib/sample/decode.py's decoder over the model's own modules: batched prefill, a static KV cache,
+continuous batching, on CUDA one CUDA-graph replay per token. Its draws (lib/sample/draw.py) are keyed by (request seed,
+step) only, so a request's sample depends on its prompt, its seed and the model, not on its batch-mates (up to
+logit numerics), on CPU and GPU alike; T = 0 is greedy. `mode="exact"` (default) draws by Gumbel-max over the
+vocabulary: the very draws this backend made before it had its own loop (measured on the toy student: 192 of 192
+completions identical), so eval units and the toy campaign keep their samples; `mode="fast"` draws by inverse CDF
+from one uniform per token, 1.2–1.9× the exact mode's tokens/s on an H200 (bench/RESULTS.md): pass it for GPU
+rollouts. The engines an engine factory builds, `load_engine`, share one
+interface: `update_weights(named_tensors)`, `sleep()`, `wake_up()`, `generate(...)` behind `sample(...)`.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+from tqdm.auto import tqdm
+
+from lib.sample.completion import Completion, make_completion, stop_ids
+from lib.sample.decode import Decoder
+from lib.sample.draw import MODES
+
+# --- the hf backend ---
+
+@contextmanager
+def _eval_mode(model):
+    """eval() while sampling (no dropout anywhere), then the caller's training mode back."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
+class HFEngine:
+    """The built-in sampler: lib/sample/decode.py's Decoder over `batch_size` slots, kept between calls (its cache and
+    CUDA graphs are reused while the slot count, cache length and cap stay the same; `sleep()` frees them).
+
+    `model_or_path`: an nn.Module (the trainer's live student, sampled in place with its training mode restored, or
+    a sampler copy kept current by `update_weights`) or a folder loaded with `dtype` ("auto" = the checkpoint's) onto
+    `device` (default cuda if present). `mode`: "fast" | "exact" (lib/sample/draw.py says what each guarantees).
+    `decoder_options`: more Decoder keywords (lib/sample/decode.py: fuse_gemms, compile_step, attn_impl, …)."""
+    backend = "hf"
+
+    def __init__(self, model_or_path, tokenizer, *, batch_size: int = 64, dtype="auto", device=None,
+                 stop_token_ids: list[int] | None = None, mode: str = "exact", cuda_graphs: bool | None = None,
+                 decoder_options: dict | None = None):
+        if mode not in MODES:
+            raise ValueError(f"HFEngine: unknown mode {mode!r}; choose one of {MODES}")
+        if isinstance(model_or_path, torch.nn.Module):
+            self.model = model_or_path
+        else:
+            from transformers import AutoModelForCausalLM
+            device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+            self.model = AutoModelForCausalLM.from_pretrained(model_or_path, dtype=dtype).to(device).eval()
+        self.tokenizer, self.batch_size, self.mode, self.cuda_graphs = tokenizer, batch_size, mode, cuda_graphs
+        self.decoder_options = decoder_options or {}
+        self.stop = stop_token_ids or stop_ids(tokenizer, self.model)
+        self.decoder, self.decoder_key = None, None
+
+    def update_weights(self, named_tensors) -> None:
+        """Copy trainer weights (HF names; tied aliases such as lm_head.weight accepted) into the sampler's model, in
+        place (the decoder's CUDA graphs read these very tensors; its fused copies are rebuilt from them at the start
+        of every run). Tensors that already are the model's own storage (a live student) are skipped."""
+        params = self.model.state_dict(keep_vars=True)
+        with torch.no_grad():
+            for name, t in named_tensors:
+                if name not in params:
+                    raise KeyError(f"update_weights: {name!r} is not a weight of the sampler's model "
+                                   f"({type(self.model).__name__}); push names as in its state_dict")
+                if params[name].data_ptr() != t.data_ptr():
+                    params[name].copy_(t)
+
+    def sleep(self) -> None:
+        """Free the decoder's KV cache and graphs (the trainer gets the memory back); the next call rebuilds them."""
+        self.decoder = self.decoder_key = None
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        ...                                                          # the next call rebuilds what sleep freed
+
+    def _decoder(self, n: int, longest_prompt: int, max_new_tokens: int) -> Decoder:
+        round_to = 256 if next(self.model.parameters()).is_cuda else 64      # cache lengths shared across calls
+        key = (min(self.batch_size, n), -(-(longest_prompt + max_new_tokens) // round_to) * round_to, max_new_tokens)
+        if key != self.decoder_key:
+            self.decoder = None                                                # free the old cache first
+            self.decoder = Decoder(self.model, slots=key[0], max_len=key[1], max_new_tokens=max_new_tokens,
+                                   stop_ids=self.stop, mode=self.mode, cuda_graphs=self.cuda_graphs,
+                                   **self.decoder_options)
+            self.decoder_key = key
+        return self.decoder
+
+    @torch.no_grad()
+    def generate(self, prompts, seeds, *, temperature, top_p, max_new_tokens, progress) -> list[Completion]:
+        bar = tqdm(total=len(prompts), desc=progress if isinstance(progress, str) else "sampling (hf)",
+                   unit="req", disable=not progress)
+        with _eval_mode(self.model):
+            dec = self._decoder(len(prompts), max(map(len, prompts)), max_new_tokens)
+            rows = dec.run(prompts, seeds, temperature=temperature, top_p=top_p, on_done=bar.update)
+        bar.close()
+        stop = set(self.stop)
+        return [make_completion(ids, lps, stop, self.tokenizer, max_new_tokens) for ids, lps in rows]
+
+
+# --- one entry point ---
+
+def load_engine(backend: str, path, tokenizer, **kw):
+    """THE engine factory. `hf` → HFEngine(path or module, tokenizer, **kw); `vllm` → VLLMEngine(path,
+    tokenizer=tokenizer, **kw), imported here only (the main venv has no vllm; lib.sample.vllm_engine never imports this
+    module, so the imports stay one-way)."""
+    if backend == "hf":
+        return HFEngine(path, tokenizer, **kw)
+    if backend == "vllm":
+        from lib.sample.vllm_engine import VLLMEngine
+        return VLLMEngine(path, tokenizer=tokenizer, **kw)
+    raise ValueError(f"unknown sampling backend {backend!r}; choose 'hf' or 'vllm'")
+
+
+def sample(engine, prompts: list[list[int]], seeds: list[int], *, temperature: float, top_p: float,
+           max_new_tokens: int, progress: bool | str = True) -> list[Completion]:
+    """Sample one completion per (prompt ids, seed) with `engine`; results in input order.
+    temperature 0 = greedy (top_p and seeds unused). Each output depends only on its own prompt, seed and the model."""
+    if len(prompts) != len(seeds):
+        raise ValueError(f"sample: {len(prompts)} prompts but {len(seeds)} seeds; give one seed per request")
+    if temperature < 0 or not 0 < top_p <= 1 or max_new_tokens < 1:
+        raise ValueError(f"sample: need temperature ≥ 0, 0 < top_p ≤ 1, max_new_tokens ≥ 1; got "
+                         f"{temperature}, {top_p}, {max_new_tokens}")
+    if empty := [i for i, p in enumerate(prompts) if len(p) == 0]:
+        raise ValueError(f"sample: prompts {empty[:5]} are empty; every request needs at least one prompt token")
+    if not prompts:
+        return []
+    return engine.generate([list(p) for p in prompts], list(seeds), temperature=float(temperature),
+                           top_p=float(top_p), max_new_tokens=int(max_new_tokens), progress=progress)

@@ -1,0 +1,247 @@
+"""torchrun, FSDP2 and checkpoints, in the torchtitan manner (DESIGN.md §7.7).
+
+- `init()`: one process group for every launch — gloo on CPU, NCCL on CUDA; a plain `python` launch is a group of 1.
+- `shard(model)`: `fully_shard` each decoder layer, then the root; bf16 params with fp32 gradient reduction on CUDA
+  (fp32 everywhere on CPU, so 1-process and 2-process runs agree to float tolerance). Frozen models are sharded too.
+- `micro_batches(model, mbs)`: the update's loop; on one rank the gradients are reduced once, after the last one.
+- `full_state_dict(model)`: the unsharded weights (every rank takes part; rank 0 receives them on CPU).
+- `save_hf(...)`: a merged Hugging Face folder, loadable by `AutoModelForCausalLM.from_pretrained`, whose config,
+  generation config and tokenizer files are copied byte-identical from the initial model.
+- `save_resume` / `load_resume`: sharded model + optimizer through torch.distributed.checkpoint, plus the loop state,
+  swapped in without a moment when no complete state exists; sha256s recorded when written, verified on load.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from lib import runs
+from lib.artifacts import atomic_write_json, read_json
+
+HF_SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                 "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt", "added_tokens.json")
+
+
+@dataclass
+class Dist:
+    rank: int
+    world: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def init() -> Dist:
+    """Join (or, for a plain `python` launch, create) the process group."""
+    if "RANK" not in os.environ:  # single process: a group of one, so every collective below still works
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=os.environ.get("MASTER_PORT", str(29500 + os.getpid() % 1000)))
+    cuda = torch.cuda.is_available()
+    local = int(os.environ["LOCAL_RANK"])
+    if cuda:
+        torch.cuda.set_device(local)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if cuda else "gloo")
+    device = torch.device("cuda", local) if cuda else torch.device("cpu")
+    return Dist(dist.get_rank(), dist.get_world_size(), local, device)
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    lm = getattr(model, "lm", model)
+    return lm.model.layers
+
+
+def shard(model: nn.Module, *, bf16: bool, activation_checkpointing: bool = False, compile: bool = False) -> nn.Module:
+    """FSDP2: each decoder layer is one unit (its params are gathered just before it runs), then the root.
+    Order as in torchtitan: activation checkpointing, then torch.compile of each layer, then fully_shard.
+
+    Layers reshard after forward, except those of a trainable model on one rank: its shard is the whole model, and
+    resharding would copy (and cast) every layer's weights again for the backward of every micro-batch. FSDP2 still
+    reshards after backward (after the last micro-batch: `micro_batches`), so the optimizer step and the next gather
+    see the new weights; the cost is one bf16 copy of the model in memory. Frozen models reshard: they are gathered
+    once per scoring micro-batch, and a second copy of each would be memory."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16
+          else MixedPrecisionPolicy())
+    frozen = not any(p.requires_grad for p in model.parameters())
+    reshard = frozen or dist.get_world_size() > 1
+    layers = decoder_layers(model)
+    if compile:
+        allow_recompiles()
+    for i, layer in enumerate(layers):
+        if activation_checkpointing:
+            layer = checkpoint_wrapper(layer, preserve_rng_state=False)
+            layers[i] = layer
+        if compile:
+            layer.compile()          # in place: identical layers share one compiled graph
+        # the last layer stays gathered after forward: backward needs it first
+        fully_shard(layer, mp_policy=mp, reshard_after_forward=reshard and i < len(layers) - 1)
+    fully_shard(model, mp_policy=mp, reshard_after_forward=reshard)
+    return model
+
+
+def micro_batches(model: nn.Module, items: list):
+    """Yield the update's micro-batches. On one rank, FSDP2 is told to keep the weights gathered and to sum the
+    gradients unsharded (in its fp32 reduce dtype) until the last micro-batch, which reduces them once and reshards:
+    the shard is the whole model there, so per-micro-batch gathers and reduce-scatters are copies that change
+    nothing. With more ranks every micro-batch reduces and reshards as usual (memory: unsharded fp32 gradients)."""
+    one = dist.get_world_size() == 1
+    for i, item in enumerate(items):
+        if one:
+            last = i == len(items) - 1
+            model.set_requires_gradient_sync(last)
+            model.set_reshard_after_backward(last)
+        yield item
+
+
+RECOMPILE_LIMIT = 64
+
+
+def allow_recompiles() -> None:
+    """Every decoder layer of every model shares one compiled code object, and each (frozen | trainable) × (train |
+    eval) × (grad | no grad) × (static | dynamic shape) × attention backend is its own graph: past dynamo's default
+    limit of 8 the remaining variants silently run eagerly (on an H200, bench/RESULTS.md: packed scoring and update
+    then took 4.35 and 4.46 s, compiled 3.5–3.9 and 3.5–4.0 s). Raised to RECOMPILE_LIMIT."""
+    cfg = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):      # the name since torch 2.6, and before
+        if hasattr(cfg, name):
+            setattr(cfg, name, max(getattr(cfg, name), RECOMPILE_LIMIT))
+            break
+
+
+def full_state_dict(model: nn.Module) -> dict:
+    """Unsharded weights on rank 0 (CPU), {} elsewhere; keys without wrapper prefixes. Collective."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return {_clean(k): v for k, v in sd.items()}
+
+
+def full_params(model: nn.Module):
+    """(name, full tensor) for every parameter, on every rank: what is pushed into a sampler each step. Collective.
+    Gathered layers (one rank keeps the student gathered after forward: `shard`) are resharded first, so that the
+    push reads the fp32 master weights and not a bf16 compute copy."""
+    from torch.distributed.fsdp import FSDPModule
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.reshard()
+    for name, p in model.named_parameters():
+        t = p.data
+        yield _clean(name), (t.full_tensor() if hasattr(t, "full_tensor") else t)
+
+
+def _clean(name: str) -> str:
+    for prefix in ("lm.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module."):
+        name = name.replace(prefix, "")
+    return name
+
+
+def config_dtype(model_dir: Path) -> torch.dtype:
+    """The dtype a model folder was saved in (config `dtype`, formerly `torch_dtype`): checkpoints keep it."""
+    cfg = read_json(Path(model_dir) / "config.json")
+    return getattr(torch, str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"))
+
+
+def save_hf(state: dict, init_dir: Path, out: Path, dtype: torch.dtype, meta: dict,
+            meta_name: str = "checkpoint.json") -> None:
+    """Write a merged HF folder: weights in `dtype`, side files copied byte-identical from the initial model, `meta`
+    as `meta_name`, and last the sha256 of every file (integrity.json); written as `<out>.tmp`, then renamed."""
+    from huggingface_hub import save_torch_state_dict
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    config = read_json(init_dir / "config.json")
+    state = {k: v.to(dtype).contiguous() for k, v in state.items()}
+    if config.get("tie_word_embeddings"):
+        state.pop("lm_head.weight", None)   # tied: the embedding is the head; writing both would untie on load
+    save_torch_state_dict(state, tmp, max_shard_size="5GB")
+    for name in HF_SIDE_FILES:
+        if (init_dir / name).exists():
+            shutil.copyfile(init_dir / name, tmp / name)
+    atomic_write_json(tmp / meta_name, meta)
+    runs.write_integrity(tmp)
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
+
+
+def save_resume(model: nn.Module, optim: torch.optim.Optimizer, state: dict, out: Path) -> None:
+    """Sharded model + optimizer (torch.distributed.checkpoint) and the loop state into `resume.tmp/`, their sha256s
+    last (`integrity.json`: the mark of a complete state), then swapped in so that a complete state exists at every
+    instant: resume → resume.old, resume.tmp → resume, delete resume.old. Collective."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    msd, osd = get_state_dict(model, optim)
+    tmp, old, step = out.with_name(runs.RESUME_TMP), out.with_name(runs.RESUME_OLD), state.get("step")
+    if dist.get_rank() == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+    dist.barrier()
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp))
+    runs.fault("resume-written", step)
+    if dist.get_rank() == 0:
+        atomic_write_json(tmp / "loop_state.json", state)
+        runs.write_integrity(tmp)
+        if out.exists():                        # (absent after a kill between the renames: resume.old is the state)
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(out, old)
+        runs.fault("renamed-old", step)
+        os.replace(tmp, out)
+        runs.fault("renamed-new", step)
+        shutil.rmtree(old, ignore_errors=True)
+    dist.barrier()
+
+
+def load_resume(model: nn.Module, optim: torch.optim.Optimizer, src: Path) -> dict:
+    """Verify the state's sha256s, then load model + optimizer in place; returns the loop state. Collective."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    runs.verify_files(src, "the resume state", f"delete {src.parent} to restart the run from scratch")
+    msd, osd = get_state_dict(model, optim)
+    sd = {"model": msd, "optim": osd}
+    dcp.load(sd, checkpoint_id=str(src))
+    set_state_dict(model, optim, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+    return read_json(src / "loop_state.json")
+
+
+def all_sum(*values: float, device=None) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def all_max(*values: float, device=None) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
+def relaunch(script: str, nproc: int, argv: list[str]):
+    """`python STAGE.py --nproc N …` → `torchrun --nproc-per-node N STAGE.py …` (current torchrun rejects its own
+    short `--nproc` as ambiguous, so the stages take it and launch themselves)."""
+    from torch.distributed.run import main as torchrun
+    rest, skip = [], False
+    for tok in argv:
+        if skip:
+            skip = False
+        elif tok == "--nproc":
+            skip = True
+        elif not tok.startswith("--nproc="):
+            rest.append(tok)
+    torchrun(["--nproc-per-node", str(nproc), script, *rest])
+
+
+def phase_peak_gb(d: Dist, cuda: bool) -> float | None:
+    """The peak memory PyTorch allocated since the last call (GiB), then reset: one number per phase of a step."""
+    if not cuda:
+        return None
+    gb = torch.cuda.max_memory_allocated(d.device) / 2**30
+    torch.cuda.reset_peak_memory_stats(d.device)
+    return gb

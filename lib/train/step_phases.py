@@ -1,0 +1,118 @@
+"""How 03_opd_train's step is cut into phases and micro-batches on each device (DESIGN.md §7.4, §7.7).
+
+- `PhaseClock`: the wall time, the peak PyTorch memory and the seconds spent in Python's cyclic garbage collector of
+  each phase of a step (sync, gen, score, update, optimizer); on CUDA each phase boundary first waits for the device
+  (`torch.cuda.synchronize`), so a phase is charged with its own kernels and not with those still queued from the
+  one before. (The GC seconds test one explanation of colocated vLLM's generation varying 4–8 s from step to step:
+  vLLM builds Python objects per token, and a full collection walks every object the process holds.)
+- `equal_plan`: micro-batches (lib/train/scoring.py's micro_batch_plan) whose count is the same on every rank (FSDP2
+  gathers parameters collectively: every rank must run the same number of forwards).
+- `score_limits`: scoring's own micro-batch limits. Scoring is forward-only with no grad, so on CUDA it packs
+  SCORE_MICRO_MULT × the update's micro-batch (tokens or sequences); on CPU it uses the update's plan, so the toy's
+  numbers stay what they are. `--score-tokens-per-micro` sets a token budget anywhere.
+- `resolve_auto`: `--compile auto` and `--packing auto` are on on CUDA, off on CPU (packing: lib/kernels/varlen.py;
+  off on CPU keeps the toy campaign's bytes what they were, and its reference attention is slower there).
+- `peak_tflops`: the bf16 peak perf/mfu divides by.
+- `sampler_slots`: the built-in sampler's slots: on CUDA all of a rank's rollouts at once (B·n/W), on CPU
+  `--micro-batch` × 8 as before.
+"""
+from __future__ import annotations
+
+import gc
+import time
+
+import torch
+
+from lib.train import dist as D
+from lib.train.scoring import micro_batch_plan
+
+SCORE_MICRO_MULT = 4        # on CUDA, a scoring micro-batch holds this many update micro-batches' worth
+PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}   # dense bf16, vendor datasheets
+
+
+def peak_tflops(explicit: float | None, device, cuda: bool) -> float | None:
+    """The per-device bf16 peak perf/mfu divides by: --peak-tflops, else by device name on CUDA (None on CPU)."""
+    if explicit or not cuda:
+        return explicit
+    return next((v for k, v in PEAK_TFLOPS.items() if k in torch.cuda.get_device_name(device)), None)
+
+
+def resolve_auto(value: str, cuda: bool, flag: str = "--compile") -> bool:
+    if value not in ("auto", "on", "off"):
+        raise ValueError(f"{flag} {value!r}: choose auto, on or off")
+    return cuda if value == "auto" else value == "on"
+
+
+def score_limits(args, cuda: bool) -> tuple[int, int | None] | None:
+    """(max sequences, max padded tokens) of a scoring micro-batch, or None: the update's plan."""
+    if args.score_tokens_per_micro is not None:
+        return args.micro_batch, args.score_tokens_per_micro
+    if not cuda:
+        return None
+    if args.max_tokens_per_micro is not None:
+        return args.micro_batch, SCORE_MICRO_MULT * args.max_tokens_per_micro
+    return SCORE_MICRO_MULT * args.micro_batch, None
+
+
+def equal_plan(lengths: list[int], max_seqs: int, max_tokens: int | None, device) -> list[list[int]]:
+    """micro_batch_plan, split until every rank has as many micro-batches as the rank with the most. Collective."""
+    plan = micro_batch_plan(lengths, max_seqs, max_tokens)
+    return micro_batch_plan(lengths, max_seqs, max_tokens, n_micro=int(D.all_max(len(plan), device=device)[0]))
+
+
+def sampler_slots(args, world: int, cuda: bool) -> int:
+    return args.batch_prompts * args.rollouts // world if cuda else args.micro_batch * 8
+
+
+_gc = {"seconds": 0.0, "since": None}      # seconds inside gc collections since import (the collecting thread's)
+
+
+def _time_gc(phase: str, info: dict) -> None:
+    if phase == "start":
+        _gc["since"] = time.perf_counter()
+    elif _gc["since"] is not None:
+        _gc["seconds"] += time.perf_counter() - _gc["since"]
+        _gc["since"] = None
+
+
+gc.callbacks.append(_time_gc)
+
+
+def freeze_heap() -> None:
+    """Collect, then gc.freeze() what survived: after a loop's first step that is the models, their compiled graphs
+    and the engine, which live to the end. Later collections (the oldest generation's included) stop rescanning
+    them. An in-process vLLM engine freezes the heap at its own start, but that is before the first step compiles."""
+    gc.collect()
+    gc.freeze()
+
+
+class PhaseClock:
+    """`start()` at the top of a step, `mark(name)` at the end of each phase: `seconds[name]`, `peak_gb[name]`
+    (None on CPU), `gc_seconds[name]` (inside gc collections) and `total()` since start."""
+
+    def __init__(self, d: D.Dist, cuda: bool):
+        self.d, self.cuda = d, cuda
+        self.seconds: dict[str, float] = {}
+        self.peak_gb: dict[str, float | None] = {}
+        self.gc_seconds: dict[str, float] = {}
+
+    def _now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize(self.d.device)
+        return time.monotonic()
+
+    def start(self) -> None:
+        self.seconds, self.peak_gb, self.gc_seconds = {}, {}, {}
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(self.d.device)
+        self.t0 = self.t = self._now()
+        self.gc0 = _gc["seconds"]
+
+    def mark(self, name: str) -> None:
+        now = self._now()
+        self.seconds[name], self.t = now - self.t, now
+        self.peak_gb[name] = D.phase_peak_gb(self.d, self.cuda)
+        self.gc_seconds[name], self.gc0 = _gc["seconds"] - self.gc0, _gc["seconds"]
+
+    def total(self) -> float:
+        return time.monotonic() - self.t0
