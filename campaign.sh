@@ -47,7 +47,7 @@ fi
 
 echo "== 0. the toy world (cached by a hash of its code; checked against the committed lib/toy/world.sha256) =="
 if [ "$PAIR" = toy ]; then
-  python -c "from lib import toy; print(toy.build()); print(toy.check_expected(toy.world())[1])"
+  python -c "from lib.toy import builder; print(builder.build()); print(builder.check_expected(builder.world())[1])"
 fi
 
 if [ "$PAIR" = raft ]; then   # the pair's π_post IS the RAFT teacher: make it before anything reads it

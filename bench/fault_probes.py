@@ -194,7 +194,7 @@ def killed(point: str) -> Path:
 
 
 def toy_world() -> Path:
-    return shared("world", lambda d: Path(ok(run([PY, "-c", "from lib import toy; print(toy.build())"])).stdout
+    return shared("world", lambda d: Path(ok(run([PY, "-c", "from lib.toy import builder; print(builder.build())"])).stdout
                                           .split()[-1]))
 
 

@@ -305,7 +305,7 @@ def test_reduced_build_is_deterministic_in_a_hostile_environment(tmp_path, world
     reduction, so they also equal the cached full world's."""
     hostile = {**os.environ, "ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE",
                "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
-    script = "import sys; from pathlib import Path; from lib import toy; builder.build_world(Path(sys.argv[1]), 0.01, None)"
+    script = "import sys; from pathlib import Path; from lib.toy import builder; builder.build_world(Path(sys.argv[1]), 0.01, None)"
     out = subprocess.run([sys.executable, "-c", script, str(tmp_path / "w1")], cwd=REPO, env=hostile,
                          capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -379,7 +379,7 @@ def test_world_hash_ignores_prose_and_code_the_build_does_not_use():
 def test_full_rebuild_is_byte_identical(tmp_path, world):
     """The whole world rebuilt into another cache root gives the same model bytes (≈ 5 min)."""
     env = {**os.environ, "OPD_CACHE": str(tmp_path)}
-    out = subprocess.run([sys.executable, "-c", "from lib import toy; print(builder.build(force=True))"], cwd=REPO,
+    out = subprocess.run([sys.executable, "-c", "from lib.toy import builder; print(builder.build(force=True))"], cwd=REPO,
                          env=env, capture_output=True, text=True, timeout=1800)
     assert out.returncode == 0, out.stderr[-2000:]
     other = json.loads((tmp_path / "toy" / world["hash"] / "world.json").read_text())
