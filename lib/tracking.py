@@ -6,14 +6,18 @@ the `pip install` that fixes it. Only numbers are logged (booleans as 0/1; None 
 
 - tensorboard: event files in `<run>/tensorboard/`, written on CPU through torch.utils.tensorboard; a resumed run
   purges the events past its checkpoint, as metrics.jsonl drops its rows past it.
-- wandb: one run per run folder (its id is the folder's name and path hash), resumed in place with `resume="allow"`.
+- wandb: one run per run folder, resumed in place with `resume="allow"`: its id is the folder's name and a hash of its
+  path, its name `<campaign>/<run>` (runs/toy/train/delta-topk → `toy/delta-topk`), grouped by campaign. The project
+  is 03's `--wandb-project`, else $WANDB_PROJECT (wandb's own variable), else `direct-opd`.
 """
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 LOGGERS = ("none", "tensorboard", "wandb")
+DEFAULT_PROJECT = "direct-opd"
 
 
 class Tracker:
@@ -51,15 +55,23 @@ class TensorBoard(Tracker):
         self.w.close()
 
 
+def wandb_names(out: Path, project: str | None) -> dict:
+    """wandb.init's project, name, group and id for the run folder `out` (<run dir>/train/<run>)."""
+    out = Path(out).resolve()
+    campaign = out.parent.parent.name if out.parent.name == "train" else out.parent.name
+    return {"project": project or os.environ.get("WANDB_PROJECT") or DEFAULT_PROJECT,
+            "name": f"{campaign}/{out.name}",
+            "group": campaign,
+            "id": f"{out.name}-{hashlib.sha256(str(out).encode()).hexdigest()[:8]}"}
+
+
 class WandB(Tracker):
-    def __init__(self, out: Path, config: dict, project: str):
+    def __init__(self, out: Path, config: dict, project: str | None):
         try:
             import wandb
         except ImportError:
             raise SystemExit("--logger wandb needs the wandb package: pip install wandb") from None
-        out = Path(out).resolve()
-        run_id = f"{out.name}-{hashlib.sha256(str(out).encode()).hexdigest()[:8]}"
-        self.run = wandb.init(project=project, name=out.name, id=run_id, resume="allow", dir=str(out), config=config)
+        self.run = wandb.init(**wandb_names(out, project), resume="allow", dir=str(Path(out).resolve()), config=config)
 
     def log(self, metrics, step):
         self.run.log(scalars(metrics), step=step)
@@ -68,7 +80,7 @@ class WandB(Tracker):
         self.run.finish()
 
 
-def open_tracker(kind: str, out: Path, config: dict, *, resume_step: int = 0, project: str = "direct-opd") -> Tracker:
+def open_tracker(kind: str, out: Path, config: dict, *, resume_step: int = 0, project: str | None = None) -> Tracker:
     if kind == "tensorboard":
         return TensorBoard(out, config, resume_step)
     if kind == "wandb":

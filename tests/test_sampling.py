@@ -10,6 +10,7 @@ import copy
 import json
 import math
 import random
+import sys
 
 import pytest
 import torch
@@ -312,3 +313,13 @@ def test_sample_refuses_bad_arguments(world):
         sample(eng, [[5, 6]], [1], temperature=1, top_p=0, max_new_tokens=4)
     with pytest.raises(ValueError, match="unknown sampling backend"):
         load_engine("sglang", "x", None)
+
+
+def test_progress_bar_only_on_a_terminal(world, capsys, monkeypatch):
+    """A bar is drawn where stderr is a terminal and nowhere else: a log file gets no carriage-return lines."""
+    eng, prompts = engine(world, batch_size=4), make_prompts(3, seed=4)
+    sample(eng, prompts, [0] * 3, temperature=0, top_p=1.0, max_new_tokens=2, progress="bar test")
+    assert "bar test" not in capsys.readouterr().err                   # pytest's capture is not a terminal
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    sample(eng, prompts, [0] * 3, temperature=0, top_p=1.0, max_new_tokens=2, progress="bar test")
+    assert "bar test" in capsys.readouterr().err

@@ -103,8 +103,9 @@ class HFEngine:
 
     @torch.no_grad()
     def generate(self, prompts, seeds, *, temperature, top_p, max_new_tokens, progress) -> list[Completion]:
+        # disable=None: no bar where stderr is not a terminal (a log file gets no carriage-return lines)
         bar = tqdm(total=len(prompts), desc=progress if isinstance(progress, str) else "sampling (hf)",
-                   unit="req", disable=not progress)
+                   unit="req", disable=None if progress else True)
         with _eval_mode(self.model):
             dec = self._decoder(len(prompts), max(map(len, prompts)), max_new_tokens)
             rows = dec.run(prompts, seeds, temperature=temperature, top_p=top_p, on_done=bar.update)

@@ -147,7 +147,8 @@ class VLLMEngine:
                                  logprobs=0 if k and i % k == 0 else None, stop_token_ids=self.stop, ignore_eos=False,
                                  detokenize=False, skip_special_tokens=True)
                   for i, s in enumerate(seeds)]
-        bar = partial(tqdm, desc=progress if isinstance(progress, str) else "sampling (vllm)") if progress else False
+        label = progress if isinstance(progress, str) else "sampling (vllm)"
+        bar = partial(tqdm, desc=label, disable=None) if progress else False      # None: no bar off a terminal
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=bar)
         stop, done = set(self.stop), []
         for i, o in enumerate(outs):
