@@ -323,3 +323,49 @@ def test_progress_bar_only_on_a_terminal(world, capsys, monkeypatch):
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
     sample(eng, prompts, [0] * 3, temperature=0, top_p=1.0, max_new_tokens=2, progress="bar test")
     assert "bar test" in capsys.readouterr().err
+
+
+# --- an architecture the built-in decoder does not run: transformers' generate instead ---
+
+@pytest.fixture(scope="module")
+def mistral(world):
+    from transformers import MistralConfig, MistralForCausalLM
+    tok = world[0]
+    cfg = MistralConfig(vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                        num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=512,
+                        tie_word_embeddings=True, initializer_range=0.2, sliding_window=None)
+    torch.manual_seed(3)
+    return tok, MistralForCausalLM(cfg).eval()
+
+
+def test_unknown_architecture_falls_back_to_generate(mistral, capsys):
+    """A Mistral model: the engine says in one log line that it falls back, greedy equals plain generate with
+    log-probs equal to a forward pass, and a seeded sample depends on its seed only (not its batch-mates)."""
+    tok, model = mistral
+    eng = HFEngine(model, tok, batch_size=4)
+    prompts = make_prompts(5, seed=7)
+    outs = sample(eng, prompts, [0] * 5, temperature=0, top_p=1.0, max_new_tokens=MAX_NEW, progress=False)
+    log = capsys.readouterr().out
+    assert "falling back to transformers' generate" in log and "MistralForCausalLM" in log
+    for p, c in zip(prompts, outs):
+        ref = model.generate(torch.tensor([p]), do_sample=False, max_new_tokens=MAX_NEW, eos_token_id=eng.stop,
+                             pad_token_id=tok.pad_token_id)[0, len(p):].tolist()
+        assert c.token_ids == ref
+        assert max(abs(a - b) for a, b in zip(c.logprobs, forward_logprobs(model, p, c.token_ids))) < 1e-4
+        ends = [i for i, t in enumerate(c.token_ids) if t in eng.stop]
+        assert ends in ([], [len(c.token_ids) - 1]), "cut after the first stop id, and only there"
+        assert c.finish_reason == ("stop" if ends else "length") and (ends or len(c.token_ids) == MAX_NEW)
+    first = max((o.token_ids for o in outs), key=len)
+    stop = next(t for t in first[2:] if t not in eng.stop)   # an id the greedy text reaches: cut right after it
+    longest = prompts[max(range(len(outs)), key=lambda i: len(outs[i].token_ids))]
+    stopped = sample(HFEngine(model, tok, stop_token_ids=[stop]), [longest], [0], temperature=0, top_p=1.0,
+                     max_new_tokens=MAX_NEW, progress=False)[0]
+    assert stopped.token_ids == first[:first.index(stop) + 1] and stopped.finish_reason == "stop"
+    capsys.readouterr()
+    kw = dict(temperature=1.0, top_p=0.9, max_new_tokens=MAX_NEW, progress=False)
+    alone = sample(eng, prompts[2:3], [11], **kw)[0]
+    among = sample(eng, prompts, [5, 6, 11, 8, 9], **kw)[2]
+    other = sample(eng, prompts[2:3], [12], **kw)[0]
+    assert alone.token_ids == among.token_ids and alone.logprobs == among.logprobs
+    assert other.token_ids != alone.token_ids
+    assert "falling back" not in capsys.readouterr().out                    # said once per engine

@@ -8,6 +8,7 @@
     decode_triton.py   split-K decode attention as Triton kernels
     skinny_gemm.py     a Triton GEMM for decode products with few rows
     draw.py            the exact, counter-seeded token draw (temperature, top-p)
+    generate_fallback.py  transformers' `generate` for architectures decode.py does not run (named in the log)
 
 May import: nothing of the project outside lib/sample/ (torch, transformers, Triton and, lazily, vLLM), so the
 sampler is one folder to read and to swap.

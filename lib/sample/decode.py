@@ -42,6 +42,13 @@ from lib.sample.draw import draw_tokens, split_seeds
 SUPPORTED = ("qwen2", "llama", "qwen3")
 
 
+def runs(model) -> bool:
+    """Whether this decoder runs `model`: a full-attention decoder of a SUPPORTED type (lib/sample/engine.py falls
+    back to transformers' generate for any other, lib/sample/generate_fallback.py)."""
+    cfg = model.config
+    return cfg.model_type in SUPPORTED and not getattr(cfg, "use_sliding_window", False)
+
+
 class Decoder:
     """Continuous-batching sampler over `slots` rows for prompts of ≤ max_len − max_new_tokens tokens."""
 
@@ -52,7 +59,7 @@ class Decoder:
                  attn_opts: dict | None = None, draw_blocked: bool | None = None,
                  compile_draw: bool | str | None = None, gemm_opts: dict | None = None):
         cfg = model.config
-        if cfg.model_type not in SUPPORTED or getattr(cfg, "use_sliding_window", False):
+        if not runs(model):
             raise TypeError(f"lib.sample.decode runs full-attention {SUPPORTED} decoders; {type(model).__name__} "
                             f"(model_type {cfg.model_type!r}) is not one: sample it with backend 'vllm'")
         inner, p = model.model, next(model.parameters())

@@ -26,8 +26,9 @@ import torch
 from tqdm.auto import tqdm
 
 from lib.sample.completion import Completion, make_completion, stop_ids
-from lib.sample.decode import Decoder
+from lib.sample.decode import Decoder, runs
 from lib.sample.draw import MODES
+from lib.sample.generate_fallback import GenerateDecoder
 
 # --- the hf backend ---
 
@@ -90,15 +91,24 @@ class HFEngine:
     def wake_up(self, tags: list[str] | None = None) -> None:
         ...                                                          # the next call rebuilds what sleep freed
 
-    def _decoder(self, n: int, longest_prompt: int, max_new_tokens: int) -> Decoder:
+    def _decoder(self, n: int, longest_prompt: int, max_new_tokens: int) -> Decoder | GenerateDecoder:
         round_to = 256 if next(self.model.parameters()).is_cuda else 64      # cache lengths shared across calls
         key = (min(self.batch_size, n), -(-(longest_prompt + max_new_tokens) // round_to) * round_to, max_new_tokens)
-        if key != self.decoder_key:
-            self.decoder = None                                                # free the old cache first
+        if key == self.decoder_key:
+            return self.decoder
+        self.decoder = None                                                    # free the old cache first
+        if runs(self.model):
             self.decoder = Decoder(self.model, slots=key[0], max_len=key[1], max_new_tokens=max_new_tokens,
                                    stop_ids=self.stop, mode=self.mode, cuda_graphs=self.cuda_graphs,
                                    **self.decoder_options)
-            self.decoder_key = key
+        else:
+            if self.decoder_key is None:                                       # said once per engine
+                print(f"[sampler] the built-in decoder does not run {type(self.model).__name__} (model_type "
+                      f"{self.model.config.model_type!r}): falling back to transformers' generate, one request at "
+                      "a time (slow; the vLLM backend is the fast path for it)", flush=True)
+            self.decoder = GenerateDecoder(self.model, max_new_tokens=max_new_tokens, stop_ids=self.stop,
+                                           pad_id=self.tokenizer.pad_token_id)
+        self.decoder_key = key
         return self.decoder
 
     @torch.no_grad()
