@@ -11,19 +11,18 @@ GPU:        python 02_baselines.py --run-dir runs/openthinker --pair openthinker
 """
 from __future__ import annotations
 
-import argparse
 import subprocess
 import sys
 from pathlib import Path
 
-from lib.cli import HelpFormatter, positive_int
+from lib.cli import ArgumentParser, HelpFormatter, fraction, positive_float, positive_int
 from lib import models, registry
 
 EVAL = Path(__file__).resolve().parent / "04_eval.py"      # the one implementation of an eval unit
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--run-dir", required=True, help="campaign directory (runs/<name>)")
     p.add_argument("--pair", default="toy", choices=sorted(registry.PAIRS), help="teacher pair (DESIGN.md §2)")
     p.add_argument("--student", default=None, help=f"student (default: the pair's); one of {sorted(registry.STUDENTS)}")
@@ -34,8 +33,10 @@ def parse_args(argv=None):
     p.add_argument("--sample-batch", type=positive_int, default=64, help="sequences per generate() call (hf backend)")
     p.add_argument("--limit-problems", type=positive_int, default=None,
                    help="probe: N evenly spaced problems per benchmark (a deviation)")
-    p.add_argument("--grade-timeout", type=float, default=5.0, help="wall-clock bound per graded sample, seconds")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.85, help="vLLM's share of GPU memory")
+    p.add_argument("--grade-timeout", type=positive_float, default=5.0,
+                   help="CPU-seconds bound per graded sample (04_eval.py's; another than the default joins each "
+                        "unit's identity)")
+    p.add_argument("--gpu-memory-utilization", type=fraction, default=0.85, help="vLLM's share of GPU memory")
     return p.parse_args(argv)
 
 

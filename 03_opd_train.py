@@ -17,7 +17,7 @@ Reads:  the pair's models and training prompts (lib/registry.py); a rerun reads 
 Writes: <run-dir>/train/<run>/metrics.jsonl   one JSON object per step (DESIGN.md §7.4 names)
                              /summary.json    the collapse watch (DESIGN.md §7.5) and the run's settings
                              /step_000020/    merged Hugging Face checkpoint (+ checkpoint.json) every --save-every
-                             /resume/         sharded model + optimizer + loop state of the last checkpoint
+                             /resume/         model + optimizer (safetensors) + loop state (JSON) of the last checkpoint
                              /manifest.json   written last: the run is finished
                              /run.lock        held (flock) by the one trainer of this folder
 
@@ -49,9 +49,10 @@ import numpy as np
 import torch
 
 from lib import benchmarks, models, registry, runs, tracking
-from lib.artifacts import atomic_write_json, atomic_write_text, read_jsonl, wall_clock, write_manifest
-from lib.cli import HelpFormatter, positive_int
-from lib.data import prompt_ids, require_rows, stable_seed
+from lib.artifacts import atomic_write_json, atomic_write_text, read_json, wall_clock, write_manifest
+from lib.cli import (ArgumentParser, HelpFormatter, fraction, nonnegative_float, nonnegative_int, path_name,
+                     positive_float, positive_int)
+from lib.data import prompt_ids, refuse_special_text, require_rows, stable_seed
 from lib.sample.engine import HFEngine, load_engine, sample
 from lib.sample.vllm_engine import explain_oom
 from lib.train import dist as D
@@ -65,7 +66,7 @@ from lib.train.step_phases import (PhaseClock, equal_plan, freeze_heap, peak_tfl
 # --- config ---
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     a = p.add_argument
     a("--pair", default="toy", choices=sorted(registry.PAIRS), help="teacher pair (DESIGN.md §2)")
     a("--student", default=None, help=f"student (default: the pair's): one of {sorted(registry.STUDENTS)}, "
@@ -76,25 +77,26 @@ def parse_args(argv=None):
     a("--train-data", default=None, help="training prompts: a registry name or any jsonl/parquet with id, problem "
                                           "(default: the pair's)")
     a("--run-dir", default=None, help="campaign directory (default runs/<pair>)")
-    a("--run-name", default=None, help="folder under train/ (default <reward>)")
+    a("--run-name", type=path_name, default=None, help="folder under train/ (default <reward>)")
     a("--steps", type=positive_int, default=100, help="optimizer steps (capped by one pass over the data)")
     a("--batch-prompts", type=positive_int, default=64, help="B: prompts per step (global)")
     a("--rollouts", type=positive_int, default=4, help="n: samples per prompt")
-    a("--temperature", type=float, default=1.0,
+    a("--temperature", type=positive_float, default=1.0,
       help="rollout temperature; the student and reference are scored at it too (logits / T, as verl), teachers at 1")
-    a("--top-p", type=float, default=1.0, help="rollout top-p")
+    a("--top-p", type=fraction, default=1.0, help="rollout top-p, in (0, 1]")
     a("--topk", type=positive_int, default=16, help="K of delta-topk")
-    a("--lr", type=float, default=1e-6, help="AdamW learning rate, constant")
-    a("--weight-decay", type=float, default=0.01, help="AdamW weight decay")
-    a("--grad-clip", type=float, default=1.0, help="max global grad norm")
-    a("--clip-eps", type=float, default=0.2, help="PPO clip ε")
+    a("--lr", type=positive_float, default=1e-6, help="AdamW learning rate, constant")
+    a("--weight-decay", type=nonnegative_float, default=0.01, help="AdamW weight decay")
+    a("--grad-clip", type=positive_float, default=1.0, help="max global grad norm")
+    a("--clip-eps", type=positive_float, default=0.2, help="PPO clip ε")
     a("--kl-mode", default="adaptive", choices=["adaptive", "constant"],
       help="KL coefficient controller (DESIGN.md §7.3)")
-    a("--kl-coef", type=float, default=2.5, help="initial KL coefficient (adaptive: clamped to [0.5, 2.5])")
+    a("--kl-coef", type=nonnegative_float, default=2.5, help="initial KL coefficient (adaptive: clamped to [0.5, 2.5])")
     a("--kl-ref", default="init", choices=["init", "none"], help="KL anchor: the student's init weights, or no KL")
     a("--reward-center", action="store_true", help="shift rewards so the batch-mean reward is non-negative")
     a("--eos-policy", default="raw", choices=["raw", "neutral", "clamp"], help="reward at the terminal stop token")
-    a("--eos-floor", type=float, default=0.0, help="with --eos-policy clamp: the stop-token reward is ≥ −floor")
+    a("--eos-floor", type=nonnegative_float, default=0.0,
+      help="with --eos-policy clamp: the stop-token reward is ≥ −floor")
     a("--stop-on-collapse", action="store_true", help="stop (after saving) once the collapse watch fires")
     a("--max-prompt-len", type=positive_int, default=None, help="prompt cap (default: the student's, DESIGN.md §4)")
     a("--max-response-len", type=positive_int, default=None, help="response cap (default: the student's, DESIGN.md §4)")
@@ -107,7 +109,7 @@ def parse_args(argv=None):
       help="scoring's own token budget per micro-batch (no grad: bigger than the update's; default on CUDA 4× the "
            "update's micro-batch, on CPU the update's plan)")
     a("--backend", default="hf", choices=["hf", "vllm"], help="rollout engine: in-process torch/hf, or colocated vLLM")
-    a("--gpu-memory-utilization", type=float, default=0.3,
+    a("--gpu-memory-utilization", type=fraction, default=0.3,
       help="vLLM's share of GPU memory (colocated with the trainer)")
     a("--logprob-gap-every", type=positive_int, default=4, help="vLLM: the sampler's log-probs (for "
       "rollout/logprob_gap only) from every K-th rollout, as returning them slows vLLM; hf returns all for free")
@@ -126,12 +128,13 @@ def parse_args(argv=None):
       help="project hidden states tile by tile (logits never exist) or materialise logits then the kernel")
     a("--resume", action="store_true", help="an alias: rerunning the same command always continues the run")
     a("--keep-last", type=positive_int, default=None, help="keep only the N newest HF checkpoints (default: keep all)")
-    a("--time-limit", type=float, default=None, help="wall-clock budget in seconds: stop after a checkpoint when the "
-                                                    "next step and a checkpoint are predicted not to fit")
+    a("--time-limit", type=positive_float, default=None,
+      help="wall-clock budget in seconds: stop after a checkpoint when the "
+           "next step and a checkpoint are predicted not to fit")
     a("--logger", default="none", choices=tracking.LOGGERS, help="also log the metrics to TensorBoard or W&B")
-    a("--seed", type=int, default=42, help="data order and rollout seeds")
+    a("--seed", type=nonnegative_int, default=42, help="data order and rollout seeds")
     a("--nproc", type=positive_int, default=1, help="launch this many local processes through torchrun")
-    a("--peak-tflops", type=float, default=None, help="per-device bf16 peak for MFU (default: by device name)")
+    a("--peak-tflops", type=positive_float, default=None, help="per-device bf16 peak for MFU (default: by device name)")
     args = p.parse_args(argv)
     cuda = torch.cuda.is_available()                     # both recorded as what ran: on or off
     args.compile, args.packing = resolve_auto(args.compile, cuda), resolve_auto(args.packing, cuda, "--packing")
@@ -148,6 +151,7 @@ def log(d: D.Dist, msg: str):
 def load_prompts(args, pair, tokenizer, chat_kwargs, d):
     rows, src = benchmarks.load_benchmark(args.train_data or pair.train_data, require_answer=False)
     rows = [rows[i] for i in np.random.default_rng(args.seed).permutation(len(rows))]   # shuffled once
+    refuse_special_text(tokenizer, rows, src)
     ids = [prompt_ids(tokenizer, r["problem"], **chat_kwargs) for r in rows]
     over = [(r["id"], len(x)) for r, x in zip(rows, ids) if len(x) > args.max_prompt_len]
     if over and not args.drop_overlong:
@@ -308,6 +312,24 @@ def step_metrics(step, args, d, clock, *, mbs, outs, prompts, upd, n_tok, reward
             **{f"memory/peak_gb_{k}": v for k, v in gb.items()}}
 
 
+def check_context(args, resolved):
+    """The prompt cap + the response cap must fit every model's context (config.json's max_position_embeddings):
+    refused in one line before any weights are read."""
+    need = args.max_prompt_len + args.max_response_len
+    ctx = {k: read_json(Path(r.path) / "config.json").get("max_position_embeddings") for k, r in resolved.items()}
+    short = [f"{k} {resolved[k].alias} ({n})" for k, n in ctx.items() if isinstance(n, int) and n < need]
+    if short:
+        sys.exit(f"--max-prompt-len {args.max_prompt_len} + --max-response-len {args.max_response_len} = {need} tokens "
+                 f"exceed the context (max_position_embeddings) of {', '.join(short)}: lower --max-response-len")
+
+
+def diverged(step: int, what: str, args, last_saved: int):
+    """A non-finite loss or grad norm: the run stops before anything of this step is written (one line)."""
+    sys.exit(f"[03] step {step}: {what} is not finite: the run diverged and stops before writing this step (the "
+             f"last checkpoint, step {last_saved}, stays); lower --lr (now {args.lr:g}) and start a new run with "
+             f"--run-name")
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
@@ -344,6 +366,7 @@ def main(argv=None):
     torch.distributed.barrier()
     if not d.main:
         resolved = models.resolve_roles(roles, run_dir, f"pair {args.pair}")
+    check_context(args, resolved)                    # config.json only: before any weights are read
     from transformers import AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(resolved["student"].path)
     chat_kwargs = {"enable_thinking": True} if models.model_spec(sspec.model).thinking else {}
@@ -376,8 +399,7 @@ def main(argv=None):
         start, kl.coef, watch = state["step"], state["kl_coef"], opd.CollapseWatch(**state["watch"])
         torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
         if d.main:   # metrics and checkpoints past the checkpoint belong to the killed run: dropped, recomputed
-            kept = [r for r in read_jsonl(out / "metrics.jsonl") if r["step"] <= start]
-            atomic_write_text(out / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in kept))
+            atomic_write_text(out / "metrics.jsonl", checkpoint.kept_metrics(out, start))
             for ck in out.glob("step_*"):
                 if not ck.name[5:].isdigit() or int(ck.name[5:]) > start:
                     shutil.rmtree(ck)
@@ -394,6 +416,7 @@ def main(argv=None):
     tracker = tracking.open_tracker(args.logger, out, settings, resume_step=start) if d.main else tracking.Tracker()
     budget = runs.Budget(args.time_limit, t0=t_start)
     step, stopped, t_mark = start, "collapse" if start and end == start < steps else None, time.monotonic()
+    last_saved = start
     peak = peak_tflops(args.peak_tflops, d.device, bf16)
     log(d, f"[03] {args.reward} | pair {args.pair} | student {sspec.model} ({n_params / 1e6:.1f}M) | {W} process(es) "
            f"on {d.device.type} | {steps} steps × {B} prompts × {n} rollouts | caps {args.max_prompt_len}/"
@@ -472,11 +495,19 @@ def main(argv=None):
         clock.mark("update")                                          # forward + backward only
         grad_norm = torch.nn.utils.clip_grad_norm_(student.parameters(), args.grad_clip)
         grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
-        skipped = not math.isfinite(grad_norm)
-        if skipped:
-            log(d, f"[03] step {step}: non-finite grad norm ({grad_norm}); optimizer step skipped")
-        else:
+        skipped = False                  # kept in the metrics' schema: a non-finite step now stops the run
+        loss_sum = D.all_sum(float(upd["pg"]) + float(upd["kl"]), device=d.device)[0]
+        if not math.isfinite(loss_sum) or not math.isfinite(grad_norm):
+            diverged(step, f"the loss ({loss_sum / n_tok:g})" if not math.isfinite(loss_sum)
+                     else f"the grad norm ({grad_norm:g})", args, last_saved)
+        try:
             optim.step()
+        except RuntimeError as e:          # an lr past float32's range: torch refuses the scalar ("… overflow")
+            if "overflow" not in str(e):
+                raise
+            diverged(step, f"the optimizer step at --lr {args.lr:g} (past float32's range)", args, last_saved)
+        if not D.params_finite(student):   # (an lr that overflows the weights: caught before the next rollout)
+            diverged(step, "a weight after the optimizer step", args, last_saved)
         optim.zero_grad(set_to_none=True)
         student.eval()
         clock.mark("optimizer")                                       # clip + AdamW step + zero_grad
@@ -505,10 +536,12 @@ def main(argv=None):
         stop_now = args.stop_on_collapse and watch.collapsed
         saved = step % args.save_every == 0 or step == end or stop_now
         if saved:
+            last_saved = step
             budget.checkpoint(checkpoint.save(args, d, student, optim, kl, watch, step, out, resolved, sspec, run_dir,
                                               settings))
         if step < end and budget.exhausted():
             if not saved:
+                last_saved = step
                 checkpoint.save(args, d, student, optim, kl, watch, step, out, resolved, sspec, run_dir, settings)
             stopped = "time_limit"
             log(d, f"[03] --time-limit {args.time_limit:g}s: step {step + 1} and a checkpoint are predicted to take "
@@ -535,6 +568,7 @@ def main(argv=None):
         print(f"[03] stopped for the time budget (--time-limit {args.time_limit:g}s) at step {step} of {steps}, "
               f"checkpoint saved: rerun the same command to continue {out}")
     elif d.main:
+        checkpoint.verify_checkpoints(out)        # every checkpoint as written, before the manifest hashes it
         outputs = ["metrics.jsonl", "summary.json"] + sorted(p.name for p in out.glob("step_*") if p.is_dir())
         wall = time.monotonic() - t_start
         write_manifest(out, stage="03_opd_train", script=__file__, args=vars(args), inputs={"train_data": data_src},

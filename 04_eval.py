@@ -21,7 +21,6 @@ GPU:        python 04_eval.py --run-dir runs/openthinker --model openthinker3-1.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -32,21 +31,22 @@ from lib.cpu_repro import pin_if_toy
 pin_if_toy(sys.argv)  # the toy world's CPU math is pinned before torch is imported (lib/cpu_repro.py)
 from lib import models, registry
 from lib.artifacts import ArtifactError, code_hashes, sha256_bytes, wall_clock
-from lib.cli import HelpFormatter, positive_int
-from lib.data import assistant_header, dapo_prompt, prompt_ids, render_chat, stable_seed
-from lib.eval.units import (Plan, config_sha256, existing_state, grading_summary, plan_unit, sample_rows, summarize,
-                            write_unit)
+from lib.cli import ArgumentParser, HelpFormatter, fraction, path_name, positive_float, positive_int
+from lib.data import assistant_header, dapo_prompt, prompt_ids, render_chat, special_text, stable_seed
+from lib.errors import UserError
+from lib.eval.units import (GRADE_TIMEOUT_S, Plan, config_sha256, existing_state, grading_summary, plan_unit,
+                            sample_rows, summarize, write_unit)
 
 PARTIAL = "generations.partial.jsonl"
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--run-dir", required=True, help="campaign directory (runs/<name>)")
     p.add_argument("--model", required=True,
                    help="registry alias, hub id (owner/name[@revision]), or a model / checkpoint folder")
     p.add_argument("--revision", default=None, help="hub commit of --model (default: the registry's pin, else main)")
-    p.add_argument("--alias", default=None,
+    p.add_argument("--alias", default=None, type=path_name,
                    help="unit alias (default: the registry alias, or <run>-step<N> for a checkpoint)")
     p.add_argument("--benchmark", required=True, help=f"one of {sorted(registry.BENCHMARKS)} or a jsonl/parquet path")
     p.add_argument("--protocol", required=True, choices=sorted(registry.PROTOCOLS),
@@ -60,9 +60,10 @@ def parse_args(argv=None):
     p.add_argument("--limit-problems", type=positive_int, default=None, help="probe: the N evenly spaced problems "
                    "(a deviation)")
     p.add_argument("--skip-if-exists", action="store_true", help="leave a finished unit with the same config untouched")
-    p.add_argument("--grade-timeout", type=float, default=5.0,
-                   help="CPU-seconds bound per graded sample (lib.eval.grading)")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.85, help="vLLM's share of GPU memory")
+    p.add_argument("--grade-timeout", type=positive_float, default=GRADE_TIMEOUT_S,
+                   help="CPU-seconds bound per graded sample (lib.eval.grading); another bound than the default is "
+                        "part of the unit's identity")
+    p.add_argument("--gpu-memory-utilization", type=fraction, default=0.85, help="vLLM's share of GPU memory")
     return p.parse_args(argv)
 
 
@@ -163,12 +164,27 @@ def grade_and_write(plan: Plan, tokenizer, gens: list[dict], gate: dict, *, args
 
 # --- the engine: lib.sample.engine.load_engine, with this plan's dtype and context ---
 
-def open_engine_for(plan: Plan, backend: str, dtype: str, batch_size: int, gpu_memory_utilization: float = 0.85):
+def plan_tokenizer(plan: Plan):
+    """The model's tokenizer, after checking that no problem holds the text of one of its added tokens (`<|im_end|>`,
+    `<tool_call>`, `<think>`): the tokenizer would read it as that token's id and forge a turn of the prompt. Refused
+    in one line naming the row and the token, before the model is loaded (DESIGN.md §3)."""
+    from transformers import AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(plan.model.path)
+    for r in plan.rows:
+        if (found := special_text(tokenizer, r["problem"])) is not None:
+            raise UserError(f"{plan.bench_src} (id={r['id']!r}): problem holds the text {found!r}, which "
+                            f"{plan.alias}'s tokenizer reads as a special token (a forged turn in the prompt); remove "
+                            f"or rewrite it in the row")
+    return tokenizer
+
+
+def open_engine_for(plan: Plan, backend: str, dtype: str, batch_size: int, gpu_memory_utilization: float = 0.85,
+                    tokenizer=None):
     """(engine, tokenizer, GPU count) for a plan's model."""
     import torch
     from transformers import AutoTokenizer
     from lib.sample.engine import load_engine
-    tokenizer = AutoTokenizer.from_pretrained(plan.model.path)
+    tokenizer = tokenizer or AutoTokenizer.from_pretrained(plan.model.path)
     cuda = torch.cuda.is_available()
     dt = {"auto": torch.bfloat16 if cuda else torch.float32,
           "float32": torch.float32,
@@ -188,11 +204,13 @@ def main(argv=None):
     model = models.with_revision(args.model, args.revision)
     plan = plan_unit(args.run_dir, model, args.benchmark, args.protocol, alias=args.alias,
                      limit_problems=args.limit_problems, max_new_tokens=args.max_new_tokens, backend=args.backend,
-                     dtype=args.dtype)                    # a tampered checkpoint is refused here, before any loading
+                     dtype=args.dtype, grade_timeout=args.grade_timeout)   # a tampered checkpoint is refused here
     if existing_state(plan, args.skip_if_exists) == "done":
         print(f"[04_eval] {plan.out} exists with the same config and verified hashes: skipped (--skip-if-exists)")
         return plan.out
-    engine, tok, n_gpu = open_engine_for(plan, args.backend, args.dtype, args.sample_batch, args.gpu_memory_utilization)
+    tok = plan_tokenizer(plan)                            # a problem holding a special token's text: refused here
+    engine, tok, n_gpu = open_engine_for(plan, args.backend, args.dtype, args.sample_batch, args.gpu_memory_utilization,
+                                         tok)
     started, t0 = wall_clock()
     prompts = [prompt_ids(tok, r["problem"], **plan.chat_kwargs) for r in plan.rows]
     gate = context_gate(plan, prompts)

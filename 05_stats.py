@@ -40,8 +40,8 @@ from lib.cli import HelpFormatter, positive_int
 from lib.errors import refuse_in_one_line
 from lib.registry import PAIRS, PROTOCOLS, STUDENTS
 from lib.report import stats
-from lib.report.campaign import (CURVE_KEYS, collapse_watch, diagnostics, earlier_runs, find_runs, load_run, load_units,
-                                 manifest_runs, pending_runs, pending_units, run_identity)
+from lib.report.campaign import (CURVE_KEYS, check_same_benchmark, collapse_watch, diagnostics, earlier_runs, find_runs,
+                                 load_run, load_units, manifest_runs, pending_runs, pending_units, run_identity)
 
 # a changed input or a unit that cannot be paired is refused in one line naming it, not with a traceback
 refuse_in_one_line("05_stats", ArtifactError, stats.AlignmentError)
@@ -108,7 +108,9 @@ def sampling(u) -> tuple:
 
 
 def compare(a, b) -> dict:
-    """Paired gain of unit b over unit a. A reduced unit (declared deviations) pairs on its own problem subset."""
+    """Paired gain of unit b over unit a, both evaluated on the same benchmark bytes. A reduced unit (declared
+    deviations) pairs on its own problem subset."""
+    check_same_benchmark(a, b)
     ids = None
     ia, ib = {r["problem_id"] for r in a.rows}, {r["problem_id"] for r in b.rows}
     for small, big, u in ((ib, ia, b), (ia, ib, a)):
@@ -140,16 +142,25 @@ for (alias, bench, proto), pre in sorted(by_key.items()):
     post = by_key.get((pair.pi_post, bench, proto))
     if alias == pair.pi_pre and post is not None:
         teacher.append(compare(pre, post))
+# the gate is measured on the pair's first protocol for its gate benchmark; that unit missing is pending, never
+# replaced by another protocol's gain
 gate_protocols = [p for b, p in pair.evals if b == pair.gate_benchmark]
 gate_protocols += sorted(t["protocol"] for t in teacher if t["benchmark"] == pair.gate_benchmark)
-gate_entry = next((t for p in gate_protocols for t in teacher
-                   if t["benchmark"] == pair.gate_benchmark and t["protocol"] == p), None)
-gate = {"benchmark": pair.gate_benchmark, "protocol": gate_entry["protocol"] if gate_entry else None,
-        **stats.teacher_gate(gate_entry)}
+gate_proto = gate_protocols[0] if gate_protocols else None
+gate_entry = next((t for t in teacher if (t["benchmark"], t["protocol"]) == (pair.gate_benchmark, gate_proto)), None)
+gate = {"benchmark": pair.gate_benchmark, "protocol": gate_proto, **stats.teacher_gate(gate_entry)}
+gate_missing = [f"evals/{a}/{pair.gate_benchmark}/{gate_proto}" for a in (pair.pi_pre, pair.pi_post)
+                if gate_proto and (a, pair.gate_benchmark, gate_proto) not in by_key]
+if gate_missing:
+    gate.update(pending=True, missing=gate_missing,
+                reason=f"pending: {' and '.join(gate_missing)} not evaluated (run 02_baselines.py); the gate is "
+                       f"measured on {pair.gate_benchmark}/{gate_proto} only")
+    pending["units"] += [{"unit": u, "why": "the teacher-gain gate's unit is not evaluated (02_baselines.py)"}
+                         for u in gate_missing]
 for t in teacher:
     print(f"  teacher {t['benchmark']}/{t['protocol']}: {stats.format_gain(t)}")
-print(f"  teacher-gain gate ({gate['benchmark']}/{gate['protocol']}): {'PASS' if gate['pass'] else 'FAIL'} "
-      f"— {gate['reason']}")
+print(f"  teacher-gain gate ({gate['benchmark']}/{gate['protocol']}): "
+      f"{'PENDING' if gate.get('pending') else 'PASS' if gate['pass'] else 'FAIL'} — {gate['reason']}")
 
 # --- student gains: every evaluated checkpoint against the student's init ---
 student, missing = [], []
@@ -174,6 +185,10 @@ for u in units:
         base = min(nested, key=lambda b: len(b.scores["seeds"]), default=None)
     if base is None:
         missing.append({"unit": u.rel, "student_init": init, "benchmark": u.benchmark, "protocol": u.protocol})
+        want = f"evals/{init}/{u.benchmark}/{u.protocol}"
+        if all(x["unit"] != want for x in pending["units"]):
+            pending["units"].append({"unit": want, "why": f"the student's init unit is not evaluated, so {u.rel} "
+                                                          f"cannot be paired (02_baselines.py --models student)"})
         continue
     g = compare(base, u)
     run = finished.get(m["train_run"])

@@ -151,6 +151,9 @@ tldr = []
 if gate_entry:
     tldr.append(f"**Teacher-gain gate ({gate['benchmark']}/{gate['protocol']}): {'PASS' if gate['pass'] else 'FAIL'}** "
                 f"— π_post − π_pre = {format_gain(gate_entry)} ({gate['reason']}).")
+elif gate.get("pending"):
+    tldr.append(f"**Teacher-gain gate ({gate['benchmark']}/{gate['protocol']}): pending** — "
+                f"{', '.join(f'`{u}`' for u in gate['missing'])} not evaluated yet; no other protocol stands in.")
 else:
     tldr.append(f"**Teacher-gain gate: not measured** — no paired π_pre/π_post units on {gate['benchmark']}.")
 if GATES.get("present"):
@@ -181,6 +184,12 @@ if student:
                 f"Holm-adjusted, a verdict needing adjusted p < {fam['alpha']} and a CI excluding 0. In all "
                 f"{scan['n']} paired student gains were tested (every evaluated checkpoint); unadjusted, "
                 f"{scan['positive_significant']} have a CI above 0 and {scan['negative_significant']} below 0.")
+elif evaluated := sorted({(d["train_run"], d["train_step"]) for d in diag if d["role"] == "checkpoint"}):
+    inits = sorted({f"evals/{m['student_init']}/{m['benchmark']}/{m['protocol']}" for m in SG["missing_baselines"]})
+    tldr.append(f"{len(evaluated)} trained checkpoint(s) were evaluated (" + ", ".join(
+        f"`{r}`@{s}" for r, s in evaluated) + "), but there is no student gain to report: " +
+        (f"the student's init unit {', '.join(f'`{u}`' for u in inits)} is missing (pending, §9)." if inits else
+         "none of them could be paired with the student's init unit."))
 else:
     tldr.append("No trained checkpoint has been evaluated yet: there is no student gain to report.")
 latest_ratios = [r for r in ratios if r["latest"]]
@@ -236,7 +245,7 @@ table(["benchmark", "protocol", "π_pre acc", "π_post acc", "gain (pp)", "95 % 
       [[t["benchmark"], t["protocol"], pct(t["acc_a"], 2), pct(t["acc_b"], 2), pp(t["gain_pp"]), ci(t["ci95_pp"]),
         t["p_str"], t["n_problems"], t["n_seeds"]] for t in teacher], "`stats/teacher_gains.json`")
 L += [f"Teacher-gain gate (DESIGN.md §6: paired gain on {gate['benchmark']} > 0 with a CI excluding 0): "
-      f"**{'PASS' if gate['pass'] else 'FAIL'}** — {gate['reason']}.", ""]
+      f"**{'PENDING' if gate.get('pending') else 'PASS' if gate['pass'] else 'FAIL'}** — {gate['reason']}.", ""]
 L += ["By difficulty level (a = π_pre, b = π_post; descriptive: each verdict at its own 95 % CI, unadjusted):", ""]
 level_table(teacher, ["benchmark", "protocol", "comparison"],
             lambda t: [t["benchmark"], t["protocol"], "π_post − π_pre"], "`stats/teacher_gains.json` (by_level)")

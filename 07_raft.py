@@ -37,7 +37,6 @@ GPU:         python 07_raft.py --run-dir runs/raft --pair raft --stage sample --
 """
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import os
@@ -52,8 +51,9 @@ import torch
 from lib import benchmarks, models, registry, runs
 from lib.artifacts import (atomic_write_json, atomic_write_jsonl, read_json, read_jsonl, read_manifest, sha256_bytes,
                            sha256_file, verify_dir, wall_clock, write_manifest)
-from lib.cli import HelpFormatter, positive_int
-from lib.data import assistant_header, evenly_spaced, prompt_ids, stable_seed
+from lib.cli import (ArgumentParser, HelpFormatter, fraction, nonnegative_float, nonnegative_int, open_fraction,
+                     positive_float, positive_int)
+from lib.data import assistant_header, evenly_spaced, prompt_ids, refuse_special_text, stable_seed
 from lib.gates import anatomy as lib_anatomy     # the shift anatomy of 01_gates, one driver for both stages
 from lib.train import raft, sft_fsdp
 from lib.train.sft import ADAM_BETAS, batch_plan, completion_labels
@@ -62,7 +62,7 @@ T_START = time.monotonic()         # --time-limit counts from here: the process 
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     a = p.add_argument
     a("--run-dir", required=True, help="campaign directory; outputs go to <run-dir>/raft/")
     a("--pair", default="toy", choices=sorted(registry.PAIRS),
@@ -70,8 +70,8 @@ def parse_args(argv=None):
     a("--stage", default="all", choices=["sample", "sft", "probe", "all"], help="which stage(s) to run")
     # stage 1
     a("--k", type=positive_int, default=4, help="samples per prompt, seeds 0..k-1 (DESIGN.md §9: 4)")
-    a("--temperature", type=float, default=EVAL.temperature, help="sampling temperature (the eval protocol's)")
-    a("--top-p", type=float, default=EVAL.top_p, help="sampling top-p (the eval protocol's)")
+    a("--temperature", type=positive_float, default=EVAL.temperature, help="sampling temperature (the eval protocol's)")
+    a("--top-p", type=fraction, default=EVAL.top_p, help="sampling top-p (the eval protocol's)")
     a("--max-new-tokens", type=positive_int, default=None, help="token cap (default: π_pre's registry eval cap)")
     a("--limit-prompts", type=positive_int, default=None,
       help="only the N evenly spaced training prompts (a smaller run)")
@@ -80,32 +80,35 @@ def parse_args(argv=None):
       help="prompts per sampling batch (each batch is appended + fsynced)")
     a("--backend", default="hf", choices=["hf", "vllm"], help="sampling backend (lib/sample/engine.py)")
     a("--sample-batch", type=positive_int, default=64, help="sequences per generate() call (hf backend)")
-    a("--gpu-memory-utilization", type=float, default=0.85, help="vLLM's share of GPU memory")
-    a("--grade-timeout", type=float, default=5.0, help="wall-clock bound per graded sample, seconds")
-    a("--time-limit", type=float, default=None, help="wall-clock budget in seconds for stage 1: stop after an appended "
-                                                    "batch when the next one is predicted not to fit (a rerun "
-                                                    "continues); the SFT and the probe, once started, run to the end")
-    a("--g1-min", type=int, default=2000, help="gate G1: at least this many kept samples (DESIGN.md §9: 2,000)")
+    a("--gpu-memory-utilization", type=fraction, default=0.85, help="vLLM's share of GPU memory")
+    a("--grade-timeout", type=positive_float, default=5.0, help="wall-clock bound per graded sample, seconds")
+    a("--time-limit", type=positive_float, default=None,
+      help="wall-clock budget in seconds for stage 1: stop after an appended "
+           "batch when the next one is predicted not to fit (a rerun "
+           "continues); the SFT and the probe, once started, run to the end")
+    a("--g1-min", type=nonnegative_int, default=2000,
+      help="gate G1: at least this many kept samples (DESIGN.md §9: 2,000)")
     a("--allow-g1-fail", action="store_true", help="run the SFT even if gate G1 failed (recorded)")
     # stage 2
-    a("--val-frac", type=float, default=0.05, help="held-out fraction of the kept samples (DESIGN.md §9: 5 %%)")
-    a("--lr", type=float, default=1e-5, help="peak AdamW learning rate (DESIGN.md §9: 1e-5)")
-    a("--warmup-frac", type=float, default=0.05, help="linear warmup, fraction of the optimizer steps")
+    a("--val-frac", type=open_fraction, default=0.05, help="held-out fraction of the kept samples (DESIGN.md §9: 5 %%)")
+    a("--lr", type=positive_float, default=1e-5, help="peak AdamW learning rate (DESIGN.md §9: 1e-5)")
+    a("--warmup-frac", type=open_fraction, default=0.05, help="linear warmup, fraction of the optimizer steps")
     a("--schedule", default="cosine", choices=["cosine", "linear", "constant"], help="lr decay after warmup (to 0)")
     a("--epochs", type=positive_int, default=2, help="passes over the training split")
     a("--batch-size", type=positive_int, default=64, help="global batch: examples per optimizer step")
     a("--micro-batch", type=positive_int, default=2, help="examples per forward/backward on each process")
-    a("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
-    a("--grad-clip", type=float, default=1.0, help="max global grad norm")
+    a("--weight-decay", type=nonnegative_float, default=0.0, help="AdamW weight decay")
+    a("--grad-clip", type=positive_float, default=1.0, help="max global grad norm")
     a("--no-bf16", dest="bf16", action="store_false",
       help="fp32 compute instead of bf16 autocast (fp32 master either way)")
     a("--activation-checkpointing", action="store_true", help="recompute decoder layers in backward")
-    a("--seed", type=int, default=42, help="train/val split and batch order")
+    a("--seed", type=nonnegative_int, default=42, help="train/val split and batch order")
     a("--nproc", type=positive_int, default=1, help="run the SFT on this many local processes through torchrun")
     # stage 3
     a("--probe-batch", type=positive_int, default=8, help="sequences per scoring forward in the probe")
-    a("--anatomy-prompts", type=int, default=64, help="prompts of the RAFT pair's shift anatomy (0: skip it)")
-    a("--anatomy-bootstrap", type=int, default=10_000, help="bootstrap resamples of the anatomy's AUROC CI")
+    a("--anatomy-prompts", type=nonnegative_int, default=64,
+      help="prompts of the RAFT pair's shift anatomy (0: skip it)")
+    a("--anatomy-bootstrap", type=positive_int, default=10_000, help="bootstrap resamples of the anatomy's AUROC CI")
     return p.parse_args(argv)
 
 
@@ -149,6 +152,7 @@ def stage_sample(args, out, base, pre, tok, rows):
     from lib.eval.grading import grade_many
     from lib.sample.engine import load_engine, sample
     kw = chat_kwargs(base)
+    refuse_special_text(tok, rows, "the RAFT training prompts")
     prompts = [prompt_ids(tok, r["problem"], **kw) for r in rows]
     engine = None
 
@@ -442,7 +446,10 @@ def main(argv=None):
     pair = registry.PAIRS[args.pair]
     base = pair.pi_pre
     run_dir, out = Path(args.run_dir), Path(args.run_dir) / "raft"
-    out.mkdir(parents=True, exist_ok=True)
+    # one RAFT process per run dir (a relaunched SFT's ranks run under their launcher's lock), as 03 holds its run's
+    if os.environ.get("RANK", "0") == "0" and os.environ.get("OPD_RUN_LOCKED") != str(out.resolve()):
+        lock = runs.RunLock(out, what="RAFT stage")                # noqa: F841  (held until the process exits)
+        os.environ["OPD_RUN_LOCKED"] = str(out.resolve())
     pre = models.resolve_model(base, run_dir)
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(pre.path)

@@ -29,43 +29,58 @@ if ! flock -n 9; then
 fi
 echo $$ > "$RUN/.campaign.lock"
 
+# A TERM or INT (kill <pid>, Ctrl-C) ends the stages this campaign started, not only this shell: every descendant is
+# sent TERM (a stage left running would hold its run lock as an orphan). Stages run in the background and are waited
+# for, so that the trap runs at once (bash defers a trap until a foreground command ends).
+descendants() { local c; for c in $(ps -o pid= --ppid "$1"); do echo "$c"; descendants "$c"; done; }
+on_signal() {
+  trap - TERM INT
+  echo "campaign.sh: stopped by a signal; ending its stages" >&2
+  # shellcheck disable=SC2046  (one pid per word)
+  kill -TERM $(descendants $$) 2>/dev/null || true
+  wait || true
+  exit 143
+}
+trap on_signal TERM INT
+run() { "$@" & wait $!; }
+
 if [ "$PAIR" = toy ]; then
   # The toy models are tiny and start far from the teacher: a larger learning rate, and fewer, smaller steps (one
   # pass over the 1,440 toy training prompts). Everything else is DESIGN.md §7's default.
-  TRAIN_FLAGS="--steps 45 --batch-prompts 32 --lr 2e-4 --save-every 15 --micro-batch 32"
+  TRAIN_FLAGS=(--steps 45 --batch-prompts 32 --lr 2e-4 --save-every 15 --micro-batch 32)
   CKPT_EVALS="toy:sample4"
   # RAFT of toy π_pre (DESIGN.md §9 at toy scale): gate G1 at 500 kept samples (~840 of the 1,440 prompts keep one), a
   # toy learning rate.
   RAFT_PAIR=toy-raft
-  RAFT_FLAGS="--sample-batch 256 --g1-min 500 --lr 1e-4 --micro-batch 16"
+  RAFT_FLAGS=(--sample-batch 256 --g1-min 500 --lr 1e-4 --micro-batch 16)
 else
-  TRAIN_FLAGS=""
+  TRAIN_FLAGS=()
   CKPT_EVALS="aime24:curve8 aime25:curve8 math500:sample4"
   RAFT_PAIR=""           # the real RAFT teacher is its own campaign: PAIR=raft (07_raft.py runs first, see README)
-  RAFT_FLAGS=""
+  RAFT_FLAGS=()
 fi
 
 echo "== 0. the toy world (cached by a hash of its code; checked against the committed lib/toy/world.sha256) =="
 if [ "$PAIR" = toy ]; then
-  python -c "from lib.toy import builder; print(builder.build()); print(builder.check_expected(builder.world())[1])"
+  run python -c "from lib.toy import builder; print(builder.build()); print(builder.check_expected(builder.world())[1])"
 fi
 
 if [ "$PAIR" = raft ]; then   # the pair's π_post IS the RAFT teacher: make it before anything reads it
   echo "== 7. RAFT teacher (π_post of this pair) =="
-  python 07_raft.py --run-dir "$RUN" --pair raft --backend "$BACKEND" --nproc "$NPROC"
+  run python 07_raft.py --run-dir "$RUN" --pair raft --backend "$BACKEND" --nproc "$NPROC"
 fi
 
 echo "== 1. gates: tokenizers, prompt lengths, context, templates, shift anatomy (exits non-zero on a FAIL) =="
-python 01_gates.py --run-dir "$RUN" --pair "$PAIR" --backend "$BACKEND"
+run python 01_gates.py --run-dir "$RUN" --pair "$PAIR" --backend "$BACKEND"
 
 echo "== 2. baselines: π_pre, π_post and the initial student on every benchmark and protocol =="
-python 02_baselines.py --run-dir "$RUN" --pair "$PAIR" --backend "$BACKEND"
+run python 02_baselines.py --run-dir "$RUN" --pair "$PAIR" --backend "$BACKEND"
 
 echo "== 3. training: classic OPD from the stronger teacher, then Direct-OPD with both rewards, each for every seed =="
 # Seed 42's run is train/<reward> with every checkpoint evaluated (the curves); another seed S's is
 # train/<reward>-seed<S>, its last checkpoint evaluated: the per-seed and pooled gains of the report.
 train_and_eval() {   # REWARD SEED: one training run, then its checkpoints' eval units
-  local REWARD=$1 SEED=$2 NAME OUT RESUME CKPTS CKPT EVAL
+  local REWARD=$1 SEED=$2 NAME OUT CKPTS CKPT EVAL
   NAME=$REWARD; [ "$SEED" = 42 ] || NAME="$REWARD-seed$SEED"
   OUT="$RUN/train/$NAME"
   if [ -f "$OUT/manifest.json" ]; then
@@ -73,12 +88,12 @@ train_and_eval() {   # REWARD SEED: one training run, then its checkpoints' eval
   else
     # the same command starts, continues (from the last complete checkpoint) or seals a killed run
     python 03_opd_train.py --nproc "$NPROC" --pair "$PAIR" --run-dir "$RUN" --reward "$REWARD" --seed "$SEED" \
-      --run-name "$NAME" $TRAIN_FLAGS
+      --run-name "$NAME" "${TRAIN_FLAGS[@]}"
   fi
   echo "== 4. evaluating the $NAME checkpoints =="
-  CKPTS=$(ls -d "$OUT"/step_*/ | sort -V)
-  [ "$SEED" = 42 ] || CKPTS=$(echo "$CKPTS" | tail -n 1)
-  for CKPT in $CKPTS; do
+  mapfile -t CKPTS < <(ls -d "$OUT"/step_*/ | sort -V)        # one path a line: a run dir may hold spaces
+  [ "$SEED" = 42 ] || CKPTS=("${CKPTS[@]: -1}")
+  for CKPT in "${CKPTS[@]}"; do
     for EVAL in $CKPT_EVALS; do
       python 04_eval.py --run-dir "$RUN" --model "$CKPT" --benchmark "${EVAL%%:*}" --protocol "${EVAL##*:}" \
         --backend "$BACKEND" --skip-if-exists
@@ -86,7 +101,7 @@ train_and_eval() {   # REWARD SEED: one training run, then its checkpoints' eval
   done
 }
 if [ "$JOBS" -le 1 ]; then
-  for REWARD in opd delta-sampled delta-topk; do for SEED in $SEEDS; do train_and_eval "$REWARD" "$SEED"; done; done
+  for REWARD in opd delta-sampled delta-topk; do for SEED in $SEEDS; do run train_and_eval "$REWARD" "$SEED"; done; done
 else   # JOBS runs at once, each a one-thread process (the toy's pinned CPU math), its output in $RUN/logs/
   mkdir -p "$RUN/logs"
   STARTED=()
@@ -111,12 +126,12 @@ fi
 
 if [ -n "$RAFT_PAIR" ]; then
   echo "== 7. RAFT teacher: π_pre's own verified samples, SFT, probes; then its eval units (gate G2 in 05) =="
-  python 07_raft.py --run-dir "$RUN" --pair "$RAFT_PAIR" --backend "$BACKEND" $RAFT_FLAGS
-  python 02_baselines.py --run-dir "$RUN" --pair "$RAFT_PAIR" --models pi_post --backend "$BACKEND"
+  run python 07_raft.py --run-dir "$RUN" --pair "$RAFT_PAIR" --backend "$BACKEND" "${RAFT_FLAGS[@]}"
+  run python 02_baselines.py --run-dir "$RUN" --pair "$RAFT_PAIR" --models pi_post --backend "$BACKEND"
 fi
 
 echo "== 5. statistics =="
-python 05_stats.py --run-dir "$RUN" --pair "$PAIR"
+run python 05_stats.py --run-dir "$RUN" --pair "$PAIR"
 echo "== 6. report =="
-python 06_report.py --run-dir "$RUN"
+run python 06_report.py --run-dir "$RUN"
 echo "done: $RUN/report/README.md"

@@ -91,6 +91,14 @@ def current_umask() -> int:
     return mask
 
 
+def umask_mode(*paths: str | Path) -> None:
+    """Give files written by a library that creates them private (safetensors: 0600) the mode an ordinary open()
+    would give them (0644 under umask 022), as every other file of a run has."""
+    mode = 0o666 & ~current_umask()
+    for p in paths:
+        os.chmod(p, mode)
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
     """Write `data` to `path` so that a reader sees the old file or the new one, never a part. The file gets the
     mode an ordinary open() would give it (0644 under umask 022), not mkstemp's private 0600."""

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
+import re
 from pathlib import Path
 
 from lib.errors import UserError
@@ -60,6 +62,9 @@ def stable_seed(*parts) -> int:
 
 REQUIRED = ("id", "problem", "answer")
 BOM = b"\xef\xbb\xbf"
+# the text of a chat-template special token (ChatML `<|im_end|>`, Llama `<|eot_id|>`, DeepSeek `<｜User｜>`): inside a
+# problem the tokenizer would turn it into the real special id and forge a turn of the prompt (DESIGN.md §3)
+SPECIAL_TEXT = re.compile(r"<\|[A-Za-z][A-Za-z0-9_]{2,39}\|>|<｜[^｜<>]{1,40}｜>")     # not `<|x|>`, a mean
 
 
 def load_rows(source: str | Path, id_field: str = "id", require_answer: bool = True) -> list[dict]:
@@ -162,12 +167,47 @@ def check_rows(rows: list, where: str = "rows", required=REQUIRED, lines: list[i
         for k in ("id", "answer"):
             if r.get(k) is not None and not isinstance(r[k], (str, int, float)):
                 raise UserError(f"{at}: {k} must be a string or a number, got {type(r[k]).__name__}; fix the row")
+        if m := SPECIAL_TEXT.search(r["problem"]):
+            raise UserError(f"{at} (id={r['id']!r}): problem holds the text {m.group(0)!r}, a chat template's special "
+                            f"token, which would become a real special id in the prompt (a forged turn); remove or "
+                            f"rewrite it in the row")
+        if "answer" in required and (why := bad_gold(r["answer"])):
+            raise UserError(f"{at} (id={r['id']!r}): answer {r['answer']!r} {why}, not a math answer; write the "
+                            f"gold answer as a JSON string (\"answer\": \"5\"), or remove the row")
         r["id"] = str(r["id"])
         r["answer"] = None if r.get("answer") is None else str(r["answer"])
         if r["id"] in seen:
             raise UserError(f"{at}: duplicate id {r['id']!r}; ids must be unique — rename or remove one of the rows")
         seen.add(r["id"])
     return rows
+
+
+def bad_gold(answer) -> str | None:
+    """Why a gold answer cannot be graded (a boolean, a non-finite number, empty or blank text), else None."""
+    if isinstance(answer, bool):
+        return "is a JSON boolean"
+    if isinstance(answer, float) and not math.isfinite(answer):
+        return "is not a finite number"
+    if isinstance(answer, str) and not answer.strip():
+        return "is empty" if not answer else "is blank"
+    return None
+
+
+def special_text(tokenizer, text: str) -> str | None:
+    """The first of `tokenizer`'s added tokens (specials: `<|im_end|>`, `<tool_call>`, `<think>` …) written as text
+    in `text`, else None: the tokenizer would encode it as that token's id, not as the characters."""
+    added = getattr(tokenizer, "get_added_vocab", dict)()
+    found = [(text.find(t), t) for t in added if t and t in text]
+    return min(found)[1] if found else None
+
+
+def refuse_special_text(tokenizer, rows: list[dict], where: str) -> None:
+    """Refuse, in one line naming the row and the token, a problem that holds the text of one of `tokenizer`'s added
+    tokens (`special_text`): it would forge a turn of the prompt (DESIGN.md §3)."""
+    for r in rows:
+        if (found := special_text(tokenizer, r["problem"])) is not None:
+            raise UserError(f"{where} (id={r['id']!r}): problem holds the text {found!r}, which the tokenizer reads as "
+                            "a special token (a forged turn in the prompt); remove or rewrite it in the row")
 
 
 def require_rows(rows: list, need: int, where: str, flag: str) -> None:

@@ -108,18 +108,65 @@ class NotFetched(UserError):
                          f"cache; copy that cache here or pass the model's folder instead)")
 
 
+TOY_MODEL_FILES = {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json",
+                   "tokenizer_config.json", "chat_template.jinja"}
+
+
 def verified_toy_model(name: str) -> Path:
-    """The cached toy model's folder, its weights checked against the sha256 the build recorded in world.json: a
-    changed byte in the cache is refused (it would pass for the world its hash names), not silently evaluated."""
+    """The cached toy model's folder, each of its files checked against what the build recorded in world.json (a
+    changed byte would pass for the world its hash names, so it is refused, not silently evaluated):
+      model.safetensors        its sha256;
+      config.json              every key equal to the recorded config (and every recorded key present);
+      tokenizer.json           its vocabulary size and the stop and pad tokens' ids as recorded; byte-identical to
+      chat_template.jinja      the world's tokenizer/ folder (one tokenizer, saved by the build to both);
+      tokenizer_config.json    the recorded stop and pad tokens;
+      generation_config.json   the recorded stop and pad ids;
+    and no other file (a file the build did not write, custom code among them)."""
     from lib.artifacts import sha256_file
     from lib.toy import builder
-    path = builder.model_dir(name)
-    want = builder.world()["models"][name]["safetensors_sha256"]
-    got = sha256_file(path / "model.safetensors")
-    if got != want:
+    path, world = builder.model_dir(name), builder.world()
+    rec, tok = world["models"][name], world["tokenizer"]
+    fix = f"delete {path.parent.parent} and rerun to rebuild the toy world"
+
+    def refuse(f: str, why: str):
+        raise UserError(f"toy model {name}: {path / f} {why}, not what the build recorded in world.json; {fix}")
+
+    if extra := sorted(p.name for p in path.iterdir() if p.name not in TOY_MODEL_FILES):
+        refuse(extra[0], "is a file the build did not write")
+    if (got := sha256_file(path / "model.safetensors")) != (want := rec["safetensors_sha256"]):
         raise UserError(f"toy model {name}: {path / 'model.safetensors'} has sha256 {got[:12]}… but the build recorded "
-                        f"{want[:12]}… in world.json; delete {path.parent.parent} and rerun to rebuild the toy world")
+                        f"{want[:12]}… in world.json; {fix}")
+    try:
+        config, gen = read_json(path / "config.json"), read_json(path / "generation_config.json")
+        tok_json, tok_cfg = read_json(path / "tokenizer.json"), read_json(path / "tokenizer_config.json")
+    except (OSError, ValueError) as e:
+        raise UserError(f"toy model {name}: {str(e).splitlines()[0]}; {fix}") from None
+    keys = (config.keys() | _config_keys_written(rec["config"])) - {"_name_or_path", "transformers_version"}
+    if bad := sorted(k for k in keys if config.get(k, "(absent)") != rec["config"].get(k, "(absent)")):
+        refuse("config.json", f"has {bad[0]} = {config.get(bad[0], '(absent)')!r} (recorded "
+                              f"{rec['config'].get(bad[0], '(absent)')!r})")
+    ids = {t["content"]: t["id"] for t in tok_json.get("added_tokens", [])}
+    vocab = tok_json.get("model", {}).get("vocab", {})
+    size = len(set(vocab.values()) | set(ids.values()))
+    if (size, ids.get(tok["stop"]), ids.get(tok["pad"])) != (tok["len"], tok["stop_id"], tok["pad_id"]):
+        refuse("tokenizer.json", f"holds {size} tokens, stop id {ids.get(tok['stop'])}, pad id {ids.get(tok['pad'])}")
+    for f in ("tokenizer.json", "chat_template.jinja"):
+        if sha256_file(path / f) != sha256_file(path.parent.parent / "tokenizer" / f):
+            refuse(f, "differs from the world's tokenizer/")
+    if (tok_cfg.get("eos_token"), tok_cfg.get("pad_token")) != (tok["stop"], tok["pad"]):
+        refuse("tokenizer_config.json", f"names eos {tok_cfg.get('eos_token')!r}, pad {tok_cfg.get('pad_token')!r}")
+    if (gen.get("eos_token_id"), gen.get("pad_token_id")) != (tok["stop_id"], tok["pad_id"]):
+        refuse("generation_config.json", f"has eos {gen.get('eos_token_id')}, pad {gen.get('pad_token_id')}")
     return path
+
+
+def _config_keys_written(recorded: dict) -> set[str]:
+    """The recorded config's keys that save_pretrained writes (it leaves out values equal to the class defaults):
+    the architecture's shape and ids, which a config.json must hold."""
+    return {k for k in ("architectures", "hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers",
+                        "num_key_value_heads", "vocab_size", "max_position_embeddings", "rope_parameters",
+                        "tie_word_embeddings", "model_type", "eos_token_id", "pad_token_id", "rms_norm_eps")
+            if k in recorded}
 
 
 def resolve_model(name: str, run_dir: str | Path | None = None, revision: str | None = None) -> Resolved:

@@ -42,9 +42,13 @@ class RunLock:
 
     def __init__(self, folder: Path, name: str = LOCK, what: str = "trainer"):
         folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
         self.path = folder / name
-        self.f = open(self.path, "a+")           # append: a failed attempt must not erase the holder's pid
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            self.f = open(self.path, "a+")       # append: a failed attempt must not erase the holder's pid
+        except OSError as e:
+            raise SystemExit(f"{folder} cannot be written ({e.strerror}): a {what} needs a writable run folder; "
+                             f"make it writable or pass another --run-dir") from None
         try:
             fcntl.flock(self.f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

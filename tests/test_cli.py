@@ -41,3 +41,55 @@ def test_one_flag_name_per_concept(helps):
     for s in ("02_baselines.py", "04_eval.py", "07_raft.py"):
         assert "--sample-batch" in every[s], s
     assert "--batch-size" not in every["02_baselines.py"] | every["04_eval.py"]   # 07's is the SFT batch only
+
+
+# --- the shared validators: argparse types, so a bad number or name is refused before anything loads ---
+
+def test_numeric_types_refuse_nonsense_and_keep_sense():
+    import argparse
+    import math
+    from lib import cli
+    good = {cli.positive_float: ["1e-6", "0.2", "3"], cli.nonnegative_float: ["0", "2.5"],
+            cli.fraction: ["1", "0.95", "1e-3"], cli.open_fraction: ["0", "0.05"], cli.nonnegative_int: ["0", "42"],
+            cli.positive_int: ["1", "64"]}
+    bad = {cli.positive_float: ["0", "-1e-3", "inf", "nan", "-inf", "x"], cli.nonnegative_float: ["-0.2", "nan", "inf"],
+           cli.fraction: ["0", "1.5", "-0.1", "nan"], cli.open_fraction: ["1", "1.5", "-0.1", "nan"],
+           cli.nonnegative_int: ["-1", "1.5", "x"], cli.positive_int: ["0", "-3", "2.0"]}
+    for t, texts in good.items():
+        for x in texts:
+            assert math.isclose(t(x), float(x)), (t.__name__, x)
+    for t, texts in bad.items():
+        for x in texts:
+            with pytest.raises(argparse.ArgumentTypeError):
+                t(x)
+
+
+@pytest.mark.parametrize("name", ["../x", "../../../x", "a/b", "/abs", ".", "..", ".hidden", "-flag", "a..b", "",
+                                  "sp ace", "tab\tx", "x" * 201, "new\nline"])
+def test_a_name_that_is_not_one_folder_is_refused(name):
+    import argparse
+    from lib import cli
+    assert cli.name_error(name) is not None
+    with pytest.raises(argparse.ArgumentTypeError):
+        cli.path_name(name)
+
+
+@pytest.mark.parametrize("name", ["delta-topk", "opd-seed1", "toy-student_sub16", "run.v2", "a+b@c=d", "Qwen2.5"])
+def test_an_ordinary_name_is_accepted(name):
+    from lib import cli
+    assert cli.name_error(name) is None and cli.path_name(name) == name
+
+
+@pytest.mark.parametrize("script,flag", [("03_opd_train.py", "--grad-clip=0"), ("03_opd_train.py", "--clip-eps=-0.2"),
+                                         ("03_opd_train.py", "--kl-coef=nan"), ("03_opd_train.py", "--lr=inf"),
+                                         ("03_opd_train.py", "--top-p=1.5"), ("03_opd_train.py", "--temperature=0"),
+                                         ("03_opd_train.py", "--run-name=../../x"), ("07_raft.py", "--lr=-1"),
+                                         ("07_raft.py", "--val-frac=1"), ("04_eval.py", "--alias=../../x"),
+                                         ("04_eval.py", "--grade-timeout=0")])
+def test_stages_refuse_a_bad_flag_in_one_line_before_anything(script, flag, tmp_path):
+    required = ["--model=toy-pre", "--benchmark=toy", "--protocol=greedy"] if script == "04_eval.py" else []
+    args = [sys.executable, script, f"--run-dir={tmp_path / 'run'}", *required, flag]
+    p = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=120)
+    err = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(err) == 1 and flag.split("=")[0] in err[0] and "(see --help)" in err[0], p.stderr
+    assert not (tmp_path / "run").exists()

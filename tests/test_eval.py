@@ -197,3 +197,30 @@ def test_two_benchmark_files_with_one_stem(world, tmp_path):
     p = run(*common, f"--benchmark={tmp_path / 'b' / 'bench.jsonl'}", "--skip-if-exists", check=False)
     assert p.returncode != 0 and "another benchmark file with the stem 'bench'" in p.stderr, p.stderr
     assert "different configuration" not in p.stderr
+
+
+# --- issue 34: the grader bound is validated and part of the unit's identity ---
+
+@pytest.mark.parametrize("bound, said", [("0", "expected a finite number > 0, got '0'"),
+                                         ("-1", "expected a finite number > 0, got '-1'"),
+                                         ("nan", "expected a finite number, got 'nan'")])
+def test_grade_timeout_is_validated_before_anything(tmp_path, bound, said):
+    p = run(f"--run-dir={tmp_path}", "--model=toy-pre", "--benchmark=toy", "--protocol=greedy", "--limit-problems=4",
+            f"--grade-timeout={bound}", check=False)
+    assert p.returncode == 2 and "argument --grade-timeout: " + said in p.stderr and "Traceback" not in p.stderr
+    assert not any(tmp_path.iterdir())
+
+
+def test_the_grader_bound_is_part_of_the_identity_and_the_default_keeps_it(world, tmp_path):
+    from lib.eval.units import GRADE_TIMEOUT_S, config_sha256, plan_unit
+    args = ("toy-pre", "toy", "greedy")
+    default = plan_unit(tmp_path, *args, limit_problems=4)
+    assert "grade_timeout_s" not in default.config                      # identities sealed before the bound counted
+    assert plan_unit(tmp_path, *args, limit_problems=4, grade_timeout=GRADE_TIMEOUT_S).config == default.config
+    other = plan_unit(tmp_path, *args, limit_problems=4, grade_timeout=7.5)
+    assert other.config == default.config | {"grade_timeout_s": 7.5}
+    assert config_sha256(other.config) != config_sha256(default.config)
+    common = [f"--run-dir={tmp_path}", "--model=toy-pre", "--benchmark=toy", "--protocol=greedy", "--limit-problems=4"]
+    run(*common)
+    p = run(*common, "--grade-timeout=7.5", "--skip-if-exists", check=False)     # not reused as the default's unit
+    assert p.returncode != 0 and "different configuration (grade_timeout_s differ;" in p.stderr

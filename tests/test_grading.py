@@ -111,6 +111,16 @@ HAND_CASES = [  # (gold, completion, correct?) — the truth decided by hand, no
     # extractor interplay: the last Answer: line is graded, not an earlier one or a box
     ("4", "Answer: 3\nwait, recheck\nAnswer: 4", True), ("3", "Answer: 3\nwait, recheck\nAnswer: 4", False),
     ("9", "Answer: 4\nso \\boxed{9}", False),
+    # a final answer split over boxes joined by "and" / spacing: the joined set is graded (issue 34)
+    ("1,-2", "so $x = \\boxed{-2} \\quad\\text{and} \\quad \\boxed{1}$", True),
+    ("(2, 2), (6, 2)", "\\boxed{(2, 2)} \\quad \\text{and} \\quad \\boxed{(6, 2)}", True),
+    ("1,-2", "\\boxed{1},\\ \\boxed{-2}", True),
+    ("1,-2", "Try \\boxed{1} first. It fails the check, so the answer is \\boxed{-2}", False),   # a scratch box
+    ("-2", "\\boxed{-2} \\quad\\text{and} \\quad \\boxed{1}", False),                       # the set is not -2
+    ("(2, 2), (6, 2)", "\\boxed{(2, 2)} \\quad \\text{or rather} \\quad \\boxed{(6, 2)}", False),
+    # Unicode digits are the digits they mean (issue 34)
+    ("5", "Answer: ５", True), ("5", "Answer: ٥", True), ("12", "Answer: ١٢", True), ("125", "\\boxed{۱۲۵}", True),
+    ("5", "Answer: ６", False), ("25", "Answer: ２５０", False),
 ]
 
 
@@ -328,7 +338,8 @@ def test_a_worker_without_cpu_is_cut_at_the_wall_cap():
 
 
 def test_adversarial_inputs_return_within_the_bound_on_a_loaded_machine():
-    from test_extract import ADVERSARIAL as LOOPING
+    from test_extract import ADVERSARIAL, SCALE
+    LOOPING = {name: make(10 * SCALE[name]) for name, make in ADVERSARIAL.items()}   # the large side of each
     grade("Answer: 1", "1")
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     try:

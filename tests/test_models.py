@@ -114,3 +114,36 @@ def test_a_changed_byte_in_a_cached_toy_model_is_refused(tmp_path, monkeypatch):
     weights.write_bytes(bytes(data))
     with pytest.raises(UserError, match="toy model pre: .* sha256 .* world.json"):
         models.resolve_model("toy-pre")
+
+
+@pytest.mark.parametrize("edit", ["rope_theta", "deleted_key", "tokenizer", "generation", "extra_file"])
+def test_every_file_of_a_cached_toy_model_is_checked(tmp_path, monkeypatch, edit):
+    """config.json, the tokenizer files and generation_config.json are held to what world.json records, and a file
+    the build did not write is refused: an edited rope_theta once gave 12.5 % instead of 50.0 % under one identity."""
+    import json
+    import shutil
+    from lib.errors import UserError
+    from lib.toy import builder
+    src = builder.build()
+    copy = tmp_path / "toy" / src.name
+    shutil.copytree(src, copy)
+    monkeypatch.setenv("OPD_CACHE", str(tmp_path))
+    folder = copy / "models" / "pre"
+    assert models.resolve_model("toy-pre").path == folder
+    config = json.loads((folder / "config.json").read_text())
+    if edit == "rope_theta":
+        config["rope_parameters"]["rope_theta"] = 1e6
+        (folder / "config.json").write_text(json.dumps(config))
+    elif edit == "deleted_key":
+        del config["num_hidden_layers"]
+        (folder / "config.json").write_text(json.dumps(config))
+    elif edit == "tokenizer":
+        text = (folder / "tokenizer.json").read_text()
+        (folder / "tokenizer.json").write_text(text.replace('"merges": [', '"merges": [["x", "y"], ', 1))
+    elif edit == "generation":
+        gen = json.loads((folder / "generation_config.json").read_text())
+        (folder / "generation_config.json").write_text(json.dumps(gen | {"eos_token_id": 0}))
+    else:
+        (folder / "modeling_evil.py").write_text("print('hi')\n")
+    with pytest.raises(UserError, match="toy model pre: .* world.json; delete"):
+        models.resolve_model("toy-pre")

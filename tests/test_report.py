@@ -38,7 +38,7 @@ def model_block(alias, run=None, step=None, init=None):
 
 
 def write_unit(run_dir: Path, alias: str, protocol: str, probs, cap: int, tokens_mean: float, seed: int,
-               model=None, deviations=(), problems=None, mutate=None) -> Path:
+               model=None, deviations=(), problems=None, mutate=None, bench_sha=None) -> Path:
     """One eval unit as 04_eval writes it: samples.jsonl, scores.json, manifest.json."""
     rng = np.random.default_rng(seed)
     d = run_dir / "evals" / alias / "toy" / protocol
@@ -62,6 +62,8 @@ def write_unit(run_dir: Path, alias: str, protocol: str, probs, cap: int, tokens
               "mean_tokens": np.mean([r["n_tokens"] for r in rows]), "extractor_split": {}, "accuracy_truncated": None,
               "max_new_tokens": cap, "deviations": list(deviations),
               "provenance": {"model": model or model_block(alias), "generation": {}}}
+    if bench_sha:                # 04_eval records the benchmark file's sha256 in the unit's config
+        scores["config"] = {"benchmark_sha256": bench_sha}
     if mutate:   # a broken unit keeps the scores.json of the intact one (that is the point of the refusal)
         scores["n_problems"] = N_PROBLEMS if problems is None else len(problems)
     atomic_write_jsonl(d / "samples.jsonl", rows)
@@ -848,3 +850,49 @@ def test_removed_units_stay_in_the_ledger_and_the_verdict_falls_back(campaign, t
     for rel in gone:
         assert f"| `{rel}` | 04_eval | earlier run (folder removed) |" in readme
     assert {u["unit"] for u in read_json(run_dir / "stats" / "pending.json")["units"]} >= set(gone)
+
+
+# --- issue 34: units of two benchmark revisions are not paired; what is missing is said, not substituted ---
+
+def test_units_of_two_benchmark_revisions_are_not_paired(tmp_path):
+    run_dir = tmp_path / "toy"
+    for k, alias in enumerate(("toy-pre", "toy-post")):
+        write_unit(run_dir, alias, "sample4", P_CORRECT[alias], 96, 30, k, bench_sha=("a" if k else "b") * 64)
+    r = run_stage("05_stats.py", run_dir, "--pair", "toy", ok=False)
+    assert r.returncode == 1 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    for needle in ("evals/toy-pre/toy/sample4", "evals/toy-post/toy/sample4", "b" * 16, "a" * 16, "re-evaluate one"):
+        assert needle in r.stderr, (needle, r.stderr)
+    assert not (run_dir / "stats").exists()
+    write_unit(run_dir, "toy-pre", "sample4", P_CORRECT["toy-pre"], 96, 30, 0, bench_sha="a" * 64)   # re-evaluated
+    run_stage("05_stats.py", run_dir, "--pair", "toy")
+
+
+def test_a_missing_gate_unit_is_pending_not_replaced_by_greedy(tmp_path):
+    run_dir = tmp_path / "toy"
+    for k, (alias, proto) in enumerate([("toy-pre", "sample4"), ("toy-pre", "greedy"), ("toy-post", "greedy")]):
+        write_unit(run_dir, alias, proto, P_CORRECT[alias], 96, 30, k)
+    run_stage("05_stats.py", run_dir, "--pair", "toy")
+    gate = read_json(run_dir / "stats" / "teacher_gains.json")["gate"]
+    assert (gate["protocol"], gate["pass"], gate["pending"]) == ("sample4", False, True)
+    assert gate["missing"] == ["evals/toy-post/toy/sample4"] and gate["reason"].startswith("pending: ")
+    assert "evals/toy-post/toy/sample4" in [u["unit"] for u in read_json(run_dir / "stats" / "pending.json")["units"]]
+    run_stage("06_report.py", run_dir)
+    readme = (run_dir / "report" / "README.md").read_text()
+    assert "**Teacher-gain gate (toy/sample4): pending** — `evals/toy-post/toy/sample4` not evaluated yet" in readme
+
+
+def test_a_missing_student_init_is_named_not_no_checkpoint(tmp_path):
+    run_dir = tmp_path / "toy"
+    for k, (alias, proto) in enumerate([(a, p) for a in ("toy-pre", "toy-post") for p in ("sample4", "greedy")]):
+        write_unit(run_dir, alias, proto, P_CORRECT[alias], 96, 30, k)
+    for k, step in enumerate((20, 40)):
+        write_unit(run_dir, f"opd-step{step}", "sample4", P_CORRECT["toy-student"], 96, 25, 10 + k,
+                   model=model_block(f"opd-step{step}", "opd", step, "toy-student"))
+    run_stage("05_stats.py", run_dir, "--pair", "toy")
+    pend = read_json(run_dir / "stats" / "pending.json")["units"]
+    assert [u["unit"] for u in pend] == ["evals/toy-student/toy/sample4"] and "init unit" in pend[0]["why"]
+    run_stage("06_report.py", run_dir)
+    readme = (run_dir / "report" / "README.md").read_text()
+    assert "No trained checkpoint has been evaluated yet" not in readme
+    assert ("2 trained checkpoint(s) were evaluated (`opd`@20, `opd`@40), but there is no student gain to report: "
+            "the student's init unit `evals/toy-student/toy/sample4` is missing (pending, §9).") in readme

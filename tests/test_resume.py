@@ -104,6 +104,16 @@ def test_disk_full_is_recognised_through_the_exception_chain(tmp_path):
     assert not runs.disk_full(OSError(errno.EACCES, "Permission denied"))
 
 
+def test_a_torn_last_metrics_row_is_dropped_a_torn_middle_row_refused(tmp_path):
+    from lib.train import checkpoint
+    rows = "".join(f'{{"step": {i}, "x": {i}}}\n' for i in (1, 2, 3))
+    (tmp_path / "metrics.jsonl").write_text(rows + '{"step": 4, "x"')           # killed mid-write
+    assert checkpoint.kept_metrics(tmp_path, 2) == '{"step": 1, "x": 1}\n{"step": 2, "x": 2}\n'
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "x"\n' + rows)
+    with pytest.raises(SystemExit, match="metrics.jsonl:1 is not valid JSON and not the last row"):
+        checkpoint.kept_metrics(tmp_path, 2)
+
+
 # --- SIGKILL at each point of the checkpoint sequence: the same command continues, bit-identically ---
 
 KILLS = {   # point → (what the folder holds after the kill, what the rerun says)
@@ -153,6 +163,33 @@ def test_resume_with_other_settings_is_refused(tmp_path):
     assert p.returncode == 1 and p.stderr.strip().splitlines()[-1] == "  --reward: was 'delta-sampled', now 'opd'"
 
 
+# --- the resume state: safetensors + JSON, gathered to rank 0 and broadcast back into the shards ---
+
+def test_two_gloo_processes_continue_from_a_state_that_holds_no_pickle(tmp_path):
+    """2 gloo processes (FSDP2 shards): a run sealed at step 2 and asked for 4 continues from its resume state and
+    equals the uninterrupted 2-process run bit for bit; the state is safetensors + JSON only (no pickle anywhere)."""
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    train(full, "--nproc=2")
+    train(cut, "--nproc=2", "--steps=2")
+    assert "resumed" in train(cut, "--nproc=2").stdout
+    assert_same_metrics(read_jsonl(full / RUN / "metrics.jsonl"), read_jsonl(cut / RUN / "metrics.jsonl"), rel=0)
+    assert_same_weights(full / RUN / "step_000004", cut / RUN / "step_000004", atol=0)
+    held = sorted(p.name for p in (cut / RUN / "resume").iterdir())
+    assert held == ["integrity.json", "loop_state.json", "optim_groups.json", "state.safetensors"]
+
+
+def test_an_old_format_resume_state_is_refused_not_unpickled(tmp_path):
+    """A resume state holding a pickle (torch.distributed.checkpoint's .metadata), its integrity.json rewritten to
+    match: refused in one line, the pickle never executed."""
+    train(tmp_path, check=False, env={"OPD_KILL_AT": "before-manifest:4"})
+    state, marker = tmp_path / RUN / "resume", tmp_path / "pwned"
+    (state / "state.safetensors").unlink()
+    (state / ".metadata").write_bytes(b"cos\nsystem\n(S'touch " + str(marker).encode() + b"'\ntR.")
+    runs.write_integrity(state)
+    line = one_line(train(tmp_path, check=False))
+    assert "an older format" in line and "never loaded" in line and not marker.exists()
+
+
 # --- integrity: a flipped byte is refused, naming the file ---
 
 def flip_byte(path: Path, at: int = -100):
@@ -165,7 +202,7 @@ def test_flipped_byte_in_resume_state_or_checkpoint_is_refused(tmp_path):
     import importlib
     train(tmp_path, check=False, env={"OPD_KILL_AT": "before-manifest:4"})
     run = tmp_path / RUN
-    shard = next((run / "resume").glob("*.distcp"))
+    shard = run / "resume" / "state.safetensors"
     flip_byte(shard)
     line = one_line(train(tmp_path, check=False))
     assert str(shard) in line and "the resume state is damaged" in line

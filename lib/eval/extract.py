@@ -15,17 +15,22 @@ The paths, in order (`candidates`):
                       paragraph). Skipped when the line is prose ("Answer: The answer is 9"), then:
     answer_line_lead  the line's leading answer: its first `$…$` group, or the text before the first ". X" / " (".
     boxed             the LAST `\\boxed{…}` whose braces balance (escaped `\\{ \\}` do not count); a run of boxes
-                      separated only by commas, `$` or "and" (`\\boxed{-2}, \\boxed{1}`) is one list answer "-2, 1".
+                      separated only by commas, `$`, spacing (`\\quad`, `\\,`, `~`) and one "and" (`\\boxed{-2} \\quad
+                      \\text{and} \\quad \\boxed{1}`) is one list answer "-2, 1"; a box with prose after it stays out.
     math_verify_line  (the grader's, not here) math-verify's own extraction of the prose line.
+Unicode decimal digits (fullwidth ５, Arabic-Indic ٥) become ASCII digits before verification (`ascii_digits`).
 Every scan is a single pass: no regex here can backtrack more than once over any character, so a looping student
 (`\\boxed{` 4,000 times, 50,000 spaces after "Answer") costs milliseconds, not minutes.
 """
 from __future__ import annotations
 
 import re
+import unicodedata
 
 _ANSWER_HEAD = re.compile(r"[\s>#*_]*(?:final\s+)?answer[\s*_]*:", re.IGNORECASE)       # anchored: re.match
-_SEPARATOR = re.compile(r"[\s,;$]*(?:(?:and|\\text\{\s*and\s*\})[\s,;$]*)?")            # between list boxes
+# between list boxes: commas, `$`, spacing commands (`\\quad`, `\\,`, `~`) and at most one "and" (bare or `\\text{and}`)
+_GAP = r"(?:[\s,;$~]|\\(?:q?quad(?![A-Za-z])|[,;: !]))*"
+_SEPARATOR = re.compile(_GAP + r"(?:(?:and|\\text\s*\{\s*,?\s*and\s*\})" + _GAP + r")?")
 _WORDS = re.compile(r"(?<![A-Za-z])[A-Za-z]{2,}[ \t]+[A-Za-z]{2,}")                                  # two words: prose
 _LEAD_STOP = re.compile(r"\.\s+[A-Z]|\s\(")                                               # "9. This …", "9 (the …"
 _BARE = re.compile(r"[^\s$]+")                                                          # `\boxed 5`
@@ -204,6 +209,15 @@ def extract_answer(completion: str) -> tuple[str | None, str]:
     return None, "none"
 
 
+# --- digits: a Unicode decimal digit (fullwidth ５, Arabic-Indic ٥, …) is the ASCII digit it means ---
+
+def ascii_digits(s: str) -> str:
+    """Every Unicode decimal digit (category Nd) written as its ASCII digit; nothing else changes (`²` stays)."""
+    if s.isascii():
+        return s
+    return "".join(str(d) if not c.isascii() and (d := unicodedata.decimal(c, None)) is not None else c for c in s)
+
+
 # --- the retry form ---
 
 def clean(s: str) -> str:
@@ -224,6 +238,4 @@ def clean(s: str) -> str:
     if re.fullmatch(r"\s*-?\d{1,3}(?:,\d{3})+(?:\.\d+)?\s*", s):            # the whole answer is 1,000 or 1,234.5
         s = s.replace(",", "")
     s = " ".join(s.split()).strip("*").strip()                                # "4:30  p.m." -> "4:30 p.m."
-    while s.endswith("."):                                                     # trailing period
-        s = s[:-1].rstrip()
-    return s
+    return s.rstrip(". ") if s.endswith(".") else s     # trailing periods (one pass: ". " * n is not quadratic)

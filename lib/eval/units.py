@@ -23,11 +23,15 @@ import numpy as np
 from lib import benchmarks, models, registry, runs
 from lib.artifacts import (ArtifactError, atomic_write_json, atomic_write_jsonl, dumps_json, read_json, sha256_bytes,
                            sha256_file, verify_dir, write_manifest)
+from lib.cli import name_error
 from lib.data import evenly_spaced
+from lib.errors import UserError
+from lib.eval.grading import TIMEOUT_S
 from lib.report.campaign import EXTRACTORS, check_unit
 from lib.report.stats import resample_index
 
 SAMPLES, SCORES, MANIFEST = "samples.jsonl", "scores.json", "manifest.json"
+GRADE_TIMEOUT_S = TIMEOUT_S          # the grader's default bound (CPU-s per sample); another enters the unit's config
 
 
 def unit_dir(run_dir: str | Path, alias: str, benchmark: str, protocol: str) -> Path:
@@ -91,13 +95,19 @@ class Plan:
 
 
 def plan_unit(run_dir, model_name, benchmark, protocol, *, alias=None, limit_problems=None, max_new_tokens=None,
-              backend="hf", dtype="auto") -> Plan:
+              backend="hf", dtype="auto", grade_timeout=GRADE_TIMEOUT_S) -> Plan:
     model = models.resolve_model(model_name, run_dir)
     sealed_by = verify_model_folder(model.path)
     ckpt_file = model.path / "checkpoint.json"
     ckpt = read_json(ckpt_file) if ckpt_file.exists() else {}
     # a checkpoint is evaluated under its initial student's registry entry (cap, template kwargs)
     spec = models.model_spec(ckpt.get("student_init") or model_name, run_dir)
+    if ckpt and (why := name_error(ckpt.get("run")) or (None if type(ckpt.get("step")) is int else
+                                                           f"step {ckpt.get('step')!r} is not an integer")):
+        raise UserError(f"{ckpt_file}: {why}; a received checkpoint names its run and step, which become the unit's "
+                        "folder name: fix checkpoint.json or pass --alias")
+    if alias is not None and (why := name_error(alias)):
+        raise UserError(f"alias {why}")
     if alias is None:
         alias = f"{ckpt['run']}-step{ckpt['step']}" if ckpt else model.alias
     model.extra.update({k: ckpt.get(k) for k in ("run", "step", "student_init")})
@@ -122,6 +132,8 @@ def plan_unit(run_dir, model_name, benchmark, protocol, *, alias=None, limit_pro
               "benchmark": bench_name, "benchmark_sha256": bench_sha, "problem_ids": [r["id"] for r in rows],
               "protocol": protocol, "n": proto.n, "temperature": proto.temperature, "top_p": proto.top_p,
               "max_new_tokens": cap, "backend": backend, "dtype": dtype}
+    if grade_timeout != GRADE_TIMEOUT_S:       # the bound changes verdicts; the default is left out, so the units
+        config["grade_timeout_s"] = grade_timeout  # sealed before it counted keep their identity
     chat_kwargs = {"enable_thinking": True} if spec.thinking else {}
     return Plan(alias, bench_name, protocol, unit_dir(run_dir, alias, bench_name, protocol), model, spec, rows, src,
                 cap, deviations, config, chat_kwargs, sealed_by)

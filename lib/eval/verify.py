@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 
-from lib.eval.extract import candidates, clean, extract_answer
+from lib.eval.extract import ascii_digits, candidates, clean, extract_answer
 
 
 def _parse(s: str) -> list:
@@ -30,6 +30,7 @@ def verify_answer(pred: str, gold: str) -> tuple[bool, str, str | None]:
     def has_expr(parsed):                     # parse() falls back to the raw string when sympy parsing fails
         return any(isinstance(x, (Basic, MatrixBase)) for x in parsed)
 
+    gold, pred = ascii_digits(gold), ascii_digits(pred)        # fullwidth ５, Arabic-Indic ٥: the digit 5
     attempts = [("math_verify", gold, pred)]
     if (clean(gold), clean(pred)) != (gold, pred):
         attempts.append(("math_verify_cleaned", clean(gold), clean(pred)))

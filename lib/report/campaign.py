@@ -85,6 +85,21 @@ def check_unit(rel: str, scores: dict, rows: list[dict]) -> None:
                         f"n_problems = {scores['n_problems']}: missing problems; re-run the unit")
 
 
+def benchmark_sha256(scores: dict) -> str | None:
+    """The sha256 of the benchmark file a unit was evaluated on, as 04_eval recorded it (None if it recorded none)."""
+    return scores.get("config", {}).get("benchmark_sha256") or scores.get("provenance", {}).get("benchmark_sha256")
+
+
+def check_same_benchmark(a: Unit, b: Unit) -> None:
+    """Refuse to pair two units evaluated on different bytes of their benchmark (a corrected gold answer, another
+    revision of the file): their per-problem scores are not about the same problems. Names both units and hashes."""
+    ha, hb = benchmark_sha256(a.scores), benchmark_sha256(b.scores)
+    if ha and hb and ha != hb:
+        raise UnitError(f"units {a.rel} and {b.rel} were evaluated on different files of benchmark {b.benchmark!r} "
+                        f"(benchmark_sha256 {ha[:16]}… vs {hb[:16]}…): they cannot be paired; re-evaluate one of them "
+                        f"on the other's file (04_eval.py into a fresh --run-dir or after removing its folder)")
+
+
 def load_unit(run_dir: Path, unit_dir: Path) -> Unit:
     m = verify_dir(unit_dir)
     rel = unit_dir.relative_to(run_dir).as_posix()

@@ -3,6 +3,7 @@ at each --save-every, and the auto-resume decision (finished / resume / fresh) w
 where it says so: every rank calls it."""
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 import time
@@ -65,4 +66,39 @@ def decide(out: Path, settings: dict):
         if src is None:
             sys.exit(f"{out} is finished at --steps {saved['steps']} and holds no resume state to continue from; "
                      f"pass --run-name for a new run")
+    if mode == "resume":
+        if not (src / D.RESUME_TENSORS).exists():
+            sys.exit(f"{src} holds no {D.RESUME_TENSORS}: a resume state of an older format (pickled "
+                     f"torch.distributed.checkpoint metadata), which is never loaded; delete {out} to restart the run")
+        verify_checkpoints(out, read_json(src / "loop_state.json")["step"])
     return mode, src
+
+
+def verify_checkpoints(out: Path, upto: int | None = None):
+    """Every HF checkpoint folder step_N/ (N ≤ upto) against its own integrity.json, before a run continues or is
+    sealed: a damaged one is refused in one line, never carried into the manifest."""
+    for ck in sorted(p for p in Path(out).glob("step_*") if p.is_dir() and p.name[5:].isdigit()):
+        if upto is None or int(ck.name[5:]) <= upto:
+            runs.verify_files(ck, f"checkpoint {ck.name}", f"the run is not sealed; delete {out} and rerun to train it "
+                                                           f"again (or restore the file)")
+
+
+def kept_metrics(out: Path, start: int) -> str:
+    """metrics.jsonl of a resumed run cut back to its checkpoint: rows past step `start` belong to the killed run
+    and are dropped, a last row torn by the kill among them; a malformed row before the end is refused in one line."""
+    path, kept = Path(out) / "metrics.jsonl", []
+    lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            if i == len(lines):          # the row being written when the run was killed
+                break
+            sys.exit(f"{path}:{i} is not valid JSON and not the last row; the file is damaged: delete {out} to "
+                     f"restart the run")
+        if row.get("step", start + 1) <= start:
+            kept.append(json.dumps(row) + "\n")
+    return "".join(kept)
+

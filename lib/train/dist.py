@@ -7,8 +7,9 @@
 - `full_state_dict(model)`: the unsharded weights (every rank takes part; rank 0 receives them on CPU).
 - `save_hf(...)`: a merged Hugging Face folder, loadable by `AutoModelForCausalLM.from_pretrained`, whose config,
   generation config and tokenizer files are copied byte-identical from the initial model.
-- `save_resume` / `load_resume`: sharded model + optimizer through torch.distributed.checkpoint, plus the loop state,
-  swapped in without a moment when no complete state exists; sha256s recorded when written, verified on load.
+- `save_resume` / `load_resume`: model + optimizer gathered to rank 0 as safetensors (nothing unpickled on load), the
+  loop state and param groups as JSON, swapped in without a moment when no complete state exists; sha256s recorded
+  when written, verified on load.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import torch.distributed as dist
 from torch import nn
 
 from lib import runs
-from lib.artifacts import atomic_write_json, read_json
+from lib.artifacts import atomic_write_json, read_json, umask_mode
 
 HF_SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                  "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt", "added_tokens.json")
@@ -164,6 +165,7 @@ def save_hf(state: dict, init_dir: Path, out: Path, dtype: torch.dtype, meta: di
     if config.get("tie_word_embeddings"):
         state.pop("lm_head.weight", None)   # tied: the embedding is the head; writing both would untie on load
     save_torch_state_dict(state, tmp, max_shard_size="5GB")
+    umask_mode(*tmp.glob("*.safetensors"))                  # written 0600 by safetensors
     for name in HF_SIDE_FILES:
         if (init_dir / name).exists():
             shutil.copyfile(init_dir / name, tmp / name)
@@ -173,20 +175,36 @@ def save_hf(state: dict, init_dir: Path, out: Path, dtype: torch.dtype, meta: di
     os.replace(tmp, out)
 
 
+RESUME_TENSORS, RESUME_GROUPS = "state.safetensors", "optim_groups.json"
+
+
 def save_resume(model: nn.Module, optim: torch.optim.Optimizer, state: dict, out: Path) -> None:
-    """Sharded model + optimizer (torch.distributed.checkpoint) and the loop state into `resume.tmp/`, their sha256s
-    last (`integrity.json`: the mark of a complete state), then swapped in so that a complete state exists at every
+    """Model + optimizer gathered to rank 0 as one safetensors file (tensors only: nothing in a resume state is ever
+    unpickled), the optimizer's param groups and the loop state as JSON, into `resume.tmp/`, their sha256s last
+    (`integrity.json`: the mark of a complete state), then swapped in so that a complete state exists at every
     instant: resume → resume.old, resume.tmp → resume, delete resume.old. Collective."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-    msd, osd = get_state_dict(model, optim)
+    from safetensors.torch import save_file
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+    msd, osd = get_state_dict(model, optim, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     tmp, old, step = out.with_name(runs.RESUME_TMP), out.with_name(runs.RESUME_OLD), state.get("step")
     if dist.get_rank() == 0:
         shutil.rmtree(tmp, ignore_errors=True)
-    dist.barrier()
-    dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp))
-    runs.fault("resume-written", step)
-    if dist.get_rank() == 0:
+        tmp.mkdir(parents=True)
+        tensors, scalars, seen = {}, {}, set()
+        for key, v in [(f"model/{k}", v) for k, v in msd.items()] + [
+                (f"optim/{fqn}/{k}", v) for fqn, st in osd["state"].items() for k, v in st.items()]:
+            if not torch.is_tensor(v):
+                scalars[key] = v
+                continue
+            v = v.detach().cpu().contiguous()
+            if v.untyped_storage().data_ptr() in seen:       # tied weights: one storage, saved twice
+                v = v.clone()
+            seen.add(v.untyped_storage().data_ptr())
+            tensors[key] = v
+        save_file(tensors, tmp / RESUME_TENSORS)
+        umask_mode(tmp / RESUME_TENSORS)
+        runs.fault("resume-written", step)
+        atomic_write_json(tmp / RESUME_GROUPS, {"param_groups": osd["param_groups"], "scalars": scalars})
         atomic_write_json(tmp / "loop_state.json", state)
         runs.write_integrity(tmp)
         if out.exists():                        # (absent after a kill between the renames: resume.old is the state)
@@ -200,15 +218,43 @@ def save_resume(model: nn.Module, optim: torch.optim.Optimizer, state: dict, out
 
 
 def load_resume(model: nn.Module, optim: torch.optim.Optimizer, src: Path) -> dict:
-    """Verify the state's sha256s, then load model + optimizer in place; returns the loop state. Collective."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-    runs.verify_files(src, "the resume state", f"delete {src.parent} to restart the run from scratch")
-    msd, osd = get_state_dict(model, optim)
-    sd = {"model": msd, "optim": osd}
-    dcp.load(sd, checkpoint_id=str(src))
-    set_state_dict(model, optim, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+    """Verify the state's sha256s, then load model + optimizer in place (rank 0 reads the safetensors, each tensor is
+    broadcast into the shards); returns the loop state. Collective. A state in the older torch.distributed.checkpoint
+    format (its metadata a pickle) is refused, never loaded."""
+    from safetensors.torch import load_file
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                         set_optimizer_state_dict)
+    fix = f"delete {src.parent} to restart the run from scratch"
+    if not (src / RESUME_TENSORS).exists():
+        raise SystemExit(f"{src} holds no {RESUME_TENSORS}: a resume state of an older format (pickled "
+                         f"torch.distributed.checkpoint metadata), which is never loaded; {fix}")
+    runs.verify_files(src, "the resume state", fix)
+    msd, osd = {}, {}
+    if dist.get_rank() == 0:
+        flat, extra = load_file(src / RESUME_TENSORS), read_json(src / RESUME_GROUPS)
+        for key, v in list(flat.items()) + list(extra["scalars"].items()):
+            kind, rest = key.split("/", 1)
+            if kind == "model":
+                msd[rest] = v
+            else:
+                fqn, name = rest.rsplit("/", 1)
+                osd.setdefault("state", {}).setdefault(fqn, {})[name] = v
+        for g in extra["param_groups"]:                 # JSON turned AdamW's betas tuple into a list
+            g.update({k: tuple(v) for k, v in g.items() if k == "betas"})
+        osd["param_groups"] = extra["param_groups"]
+    # two calls, not set_state_dict: given an empty model state (ranks > 0) that one treats the load as
+    # optimizer-only there, and the ranks then disagree on the broadcasts (a hang)
+    opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_model_state_dict(model, msd, options=opts)
+    set_optimizer_state_dict(model, optim, osd, options=opts)
     return read_json(src / "loop_state.json")
+
+
+def params_finite(model: nn.Module) -> bool:
+    """Every parameter finite on every rank (a collective: each rank checks its shards)."""
+    local = [(p.to_local() if hasattr(p, "to_local") else p).detach() for p in model.parameters()]
+    bad = float(torch.stack([~torch.isfinite(x).all() for x in local]).any()) if local else 0.0   # one host sync
+    return all_max(bad, device=local[0].device if local else None)[0] == 0.0
 
 
 def all_sum(*values: float, device=None) -> list[float]:
