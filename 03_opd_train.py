@@ -132,6 +132,8 @@ def parse_args(argv=None):
       help="wall-clock budget in seconds: stop after a checkpoint when the "
            "next step and a checkpoint are predicted not to fit")
     a("--logger", default="none", choices=tracking.LOGGERS, help="also log the metrics to TensorBoard or W&B")
+    a("--wandb-project", default=None, help="W&B project (default: $WANDB_PROJECT, else direct-opd); the run is "
+                                            "named <campaign>/<run>")
     a("--seed", type=nonnegative_int, default=42, help="data order and rollout seeds")
     a("--nproc", type=positive_int, default=1, help="launch this many local processes through torchrun")
     a("--peak-tflops", type=positive_float, default=None, help="per-device bf16 peak for MFU (default: by device name)")
@@ -413,7 +415,9 @@ def main(argv=None):
     end = start if start and (start >= steps or (args.stop_on_collapse and watch.collapsed)) else steps
     if start and end == start:
         log(d, f"[03] the checkpoint at step {start} ends the run: sealing it without retraining")
-    tracker = tracking.open_tracker(args.logger, out, settings, resume_step=start) if d.main else tracking.Tracker()
+    tracker = tracking.Tracker()
+    if d.main:
+        tracker = tracking.open_tracker(args.logger, out, settings, resume_step=start, project=args.wandb_project)
     budget = runs.Budget(args.time_limit, t0=t_start)
     step, stopped, t_mark = start, "collapse" if start and end == start < steps else None, time.monotonic()
     last_saved = start

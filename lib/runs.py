@@ -31,8 +31,9 @@ RESUME, RESUME_OLD, RESUME_TMP = "resume", "resume.old", "resume.tmp"
 INTEGRITY = "integrity.json"
 # flags that may differ between the start of a run and its continuation: how it is launched, watched, or stopped,
 # not what it computes (the data order and every rollout seed are fixed by --seed, whatever the process count)
-MAY_DIFFER = ("resume", "nproc", "time_limit", "logger", "keep_last", "peak_tflops", "save_every", "run_dir",
-              "run_name", "logprob_gap_every", "vllm_sleep")      # the last two: a diagnostic's coverage, memory
+MAY_DIFFER = ("resume", "nproc", "time_limit", "logger", "wandb_project", "keep_last", "peak_tflops", "save_every",
+              "run_dir", "run_name", "logprob_gap_every", "vllm_sleep")
+# (the last two: a diagnostic's coverage, and memory)
 
 
 # --- the run lock ---

@@ -247,4 +247,5 @@ def grade_many(pairs, workers: int | None = None, progress: bool | str = True,
     with ThreadPoolExecutor(workers) as ex:
         results = ex.map(lambda p: grade(p[0], p[1], timeout_s), pairs)
         label = progress if isinstance(progress, str) else "grading"
-        return list(tqdm(results, total=len(pairs), desc=label, disable=not progress))
+        # disable=None: no bar where stderr is not a terminal (a log file gets no carriage-return lines)
+        return list(tqdm(results, total=len(pairs), desc=label, disable=None if progress else True))
