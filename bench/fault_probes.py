@@ -1,4 +1,4 @@
-"""The fault-probe scorecard of issue 17: 42 fault, tampering, bad-input and concurrency probes on the toy world (CPU).
+"""The fault-probe scorecard of issues 17 and 34: 60 fault, tampering, bad-input and concurrency probes on the toy world.
 
 Each probe is a small real scenario in a scratch folder of its own: the stage scripts (03_opd_train, 04_eval,
 05_stats, 07_raft, campaign.sh) and lib.eval.grading run as subprocesses, every command under a hard timeout. Faults come
@@ -20,7 +20,7 @@ a probe that cannot set up its scenario included (it says why); nothing is skipp
 A full disk is a small tmpfs (mounting one needs root: otherwise run this script under `unshare -Urm`). A cached toy
 model is damaged only in a copy of the toy world under a scratch OPD_CACHE, never in $OPD_CACHE itself.
 
-    OPD_CACHE=.cache python bench/fault_probes.py --out /tmp/probes      # all 42: 7–12 min on 2 busy CPU cores
+    OPD_CACHE=.cache python bench/fault_probes.py --out /tmp/probes      # all 60 (CPU): the first 42 took 7–12 min on 2 busy cores
     python bench/fault_probes.py --list          python bench/fault_probes.py --only NAME[,NAME…] --out DIR
 """
 from __future__ import annotations
