@@ -18,16 +18,20 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
     """`--help` keeps the stage docstring's layout and shows every flag's default."""
 
 
-def positive_int(text: str) -> int:
-    """argparse `type=` for a count (steps, prompts, sequences, tokens): an integer ≥ 1, else argparse's one-line
-    error naming the flag."""
+def _whole(text: str, least: int) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number ≥ 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number ≥ 1, got {value}")
+        raise argparse.ArgumentTypeError(f"expected a whole number ≥ {least}, got {text!r}") from None
+    if value < least:
+        raise argparse.ArgumentTypeError(f"expected a whole number ≥ {least}, got {value}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """argparse `type=` for a count (steps, prompts, sequences, tokens): an integer ≥ 1, else argparse's one-line
+    error naming the flag."""
+    return _whole(text, 1)
 
 
 def _number(text: str) -> float:
@@ -58,13 +62,7 @@ def nonnegative_float(text: str) -> float:
 
 def nonnegative_int(text: str) -> int:
     """argparse `type=` for a count that may be 0 (0: skip): a whole number ≥ 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number ≥ 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number ≥ 0, got {value}")
-    return value
+    return _whole(text, 0)
 
 
 def fraction(text: str) -> float:
