@@ -458,3 +458,12 @@ def test_grade_inside_a_daemonic_pool_worker(start_method):
     assert remote == local
     assert child_pids and not child_pids & parent_pids
     assert {w.proc.pid for w in grading._POOL.idle} == parent_pids
+
+
+def test_workers_start_whatever_the_callers_working_directory(tmp_path):
+    """A stage run from another folder (`python /path/to/04_eval.py`) still starts its grading workers: they find
+    the repository by the grader's own path, not by the working directory."""
+    repo = str(Path(grading.__file__).resolve().parents[2])
+    code = f"import sys; sys.path.insert(0, {repo!r}); from lib.eval.grading import grade; print(grade('Answer: 1', '1').correct)"
+    p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == "True", p.stderr[-2000:]

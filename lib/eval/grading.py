@@ -77,7 +77,7 @@ class _Worker:
     """A grading subprocess. `call` returns (reply, cpu_s, wall_s), reply None on overrun; EOFError if it died."""
 
     def __init__(self):
-        root = str(Path(__file__).resolve().parents[1])
+        root = str(Path(__file__).resolve().parents[2])                  # the repository root (lib/eval/ is two below)
         code = (f"import sys; sys.path.insert(0, {root!r}); from lib.eval.verify import worker_main; "
                 f"worker_main({os.getpid()})")
         self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
