@@ -254,7 +254,7 @@ def test_counts_below_one_are_refused_in_one_line_naming_the_flag(world, capsys)
         with pytest.raises(SystemExit):
             p(["--pair=toy", f"{flag}={value}"])
         err = capsys.readouterr().err.strip().splitlines()[-1]
-        assert err.endswith(f" error: argument {flag}: expected a whole number ≥ 1, {said}"), err   # prog: argv[0]
+        assert err.endswith(f": argument {flag}: expected a whole number ≥ 1, {said} (see --help)"), err  # prog: argv[0]
     assert p(["--pair=toy", "--micro-batch=3"]).micro_batch == 3
 
 
