@@ -137,6 +137,9 @@ def parse_args(argv=None):
     a("--seed", type=nonnegative_int, default=42, help="data order and rollout seeds")
     a("--nproc", type=positive_int, default=1, help="launch this many local processes through torchrun")
     a("--peak-tflops", type=positive_float, default=None, help="per-device bf16 peak for MFU (default: by device name)")
+    a("--offload-optimizer", action="store_true",
+      help="AdamW's moments in host memory, streamed through the GPU at each step (lib/train/dist.OffloadAdamW; the "
+           "same arithmetic): 8 bytes a parameter off the device, e.g. a 7B student beside its reference on one GPU")
     args = p.parse_args(argv)
     cuda = torch.cuda.is_available()                     # both recorded as what ran: on or off
     args.compile, args.packing = resolve_auto(args.compile, cuda), resolve_auto(args.packing, cuda, "--packing")
@@ -389,7 +392,7 @@ def main(argv=None):
     n_params = sum(p.numel() for p in student.parameters())     # global numel of the sharded (tied: once) params
     ref = frozen_scorer(resolved["student"].path, args, d, bf16, args.temperature) if args.kl_ref == "init" else None
     teachers = {k: frozen_scorer(resolved[k].path, args, d, bf16) for k in roles if k != "student"}
-    optim = torch.optim.AdamW(student.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    optim = D.adamw(student, args.lr, args.weight_decay, offload=args.offload_optimizer)
     engine = make_engine(args, resolved["student"].path, tokenizer, d, bf16)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 

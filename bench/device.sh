@@ -44,6 +44,13 @@
 #                 the engine's calls (bench/colocated_probe.py; PROBE_CPROFILE, PROBE_LLM_KWARGS pass through)
 #                 → step_vllm_metrics.jsonl, step_vllm_train.log (lines time-stamped), step_floor_vllm.{json,md},
 #                 vllm_probe.jsonl
+#   source-step   the source's step on this one GPU (bench/source_step.py): a random Qwen2.5-7B-shaped student (vocab
+#                 151,936: the script says why), its reference and two random 1.5B teachers, delta-topk, 64 prompts × 4
+#                 rollouts × 400 new tokens, caps 768/400, --micro-batch MICRO (16), SOURCE_FLAGS (default
+#                 "--offload-optimizer --activation-checkpointing"), STEPS steps (default 4); the run is stopped once
+#                 its last step is logged (its final checkpoint, fp32 weights + AdamW state ≈ 91 GB, would not fit the
+#                 disk); then the phases against their floors → source_step_metrics.jsonl, source_step.json,
+#                 source_step_train.log
 #   step-floor    each phase of a step against its floor (bench/step_floor.py) on METRICS, default the metrics the
 #                 step part (else the colocated part) wrote in $OUT → step_floor.{json,md}
 #   profile-step  03's scoring and update per kernel class, padded and packed (bench/profile_step.py)
@@ -78,7 +85,7 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 VLLM_USE_FLASHINFER_SAMPLER=0 OPD_D
 
 usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; }
 PARTS=(kernel update sampling attention decode-step gemm rollouts rollouts-7b checks vllm-smoke step colocated
-       step-vllm step-floor profile-step vllm-stash vllm-install)
+       step-vllm step-floor profile-step source-step vllm-stash vllm-install)
 if [ $# = 0 ] || [ "$1" = -h ] || [ "$1" = --help ]; then usage; [ $# = 0 ] && exit 2 || exit 0; fi
 for p in "$@"; do
   [[ " ${PARTS[*]} " == *" $p "* ]] || { echo "device.sh: no part '$p'; the parts: ${PARTS[*]}" >&2; exit 2; }
@@ -395,6 +402,30 @@ sys.exit(0 if all(checks.values()) else 1)
 PY
   [ "${PIPESTATUS[0]}" = 0 ] || FAILED+=(colocated)
   floors "$OUT/step_vllm_metrics.jsonl" _vllm
+}
+
+part_source_step() {
+  local run=/tmp/bench-source-step steps=${STEPS:-4} dir=${OPD_CACHE:-.cache}/shapes/qwen2.5-7b-v151936-seed3 rc n
+  local flags=(--offload-optimizer --activation-checkpointing) sflags=() m=/tmp/bench-source-step/train/delta-topk
+  [ -n "${SOURCE_FLAGS+x}" ] && read -ra flags <<< "$SOURCE_FLAGS"
+  rm -rf "$run"; tokenizer
+  measure source-build "$(lim 300)" heads python3 bench/source_step.py build "$dir" || return 1
+  echo "== source-step: 03 with ${flags[*]} ${EXTRA:-}, $steps steps, log $OUT/source_step_train.log =="
+  # shellcheck disable=SC2086
+  timeout "$(lim 540)" env OPD_KILL_AT="step-logged:$steps" python3 03_opd_train.py --pair shape-1.5b --student "$dir" \
+    --run-dir "$run" --reward delta-topk --steps "$steps" --batch-prompts 64 --rollouts 4 --max-prompt-len 768 \
+    --max-response-len 400 --micro-batch "${MICRO:-16}" --save-every 1000 --lr 1e-6 --drop-overlong "${flags[@]}" \
+    ${EXTRA:-} 2>&1 | grep --line-buffered -v -i warn | tee "$OUT/source_step_train.log" | heads
+  rc=${PIPESTATUS[0]}
+  free -g | tee -a "$OUT/source_step_train.log"
+  cp "$m/metrics.jsonl" "$OUT/source_step_metrics.jsonl" 2>/dev/null
+  n=$(wc -l < "$OUT/source_step_metrics.jsonl" 2>/dev/null || echo 0)
+  echo "== source-step: exit status $rc (137 = stopped after step $steps, as meant), $n of $steps steps logged =="
+  [ "$n" = "$steps" ] || { FAILED+=(source-step); return 1; }
+  [[ " ${flags[*]} " == *" --offload-optimizer "* ]] && sflags+=(--offload)
+  [[ " ${flags[*]} ${EXTRA:-} " == *" --activation-checkpointing "* ]] && sflags+=(--activation-checkpointing)
+  measure source-summary "$(lim 120)" cat python3 bench/source_step.py summary "$OUT/source_step_metrics.jsonl" \
+    "$dir" --teacher "${OPD_CACHE:-.cache}/shapes/qwen2.5-1.5b-seed1" "${sflags[@]}" --json "$OUT/source_step.json"
 }
 
 part_step_floor() {

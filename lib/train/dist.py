@@ -10,6 +10,8 @@
 - `save_resume` / `load_resume`: model + optimizer gathered to rank 0 as safetensors (nothing unpickled on load), the
   loop state and param groups as JSON, swapped in without a moment when no complete state exists; sha256s recorded
   when written, verified on load.
+- `adamw(model, lr, weight_decay, offload)`: the trainer's AdamW; with `offload` an `OffloadAdamW`, whose moments live
+  in (pinned) host memory and are streamed through the device chunk by chunk for each step (03 --offload-optimizer).
 """
 from __future__ import annotations
 
@@ -248,6 +250,185 @@ def load_resume(model: nn.Module, optim: torch.optim.Optimizer, src: Path) -> di
     set_model_state_dict(model, msd, options=opts)
     set_optimizer_state_dict(model, optim, osd, options=opts)
     return read_json(src / "loop_state.json")
+
+
+# --- AdamW with its moments in host memory (03 --offload-optimizer) ---
+
+OFFLOAD_CHUNK_BYTES = 512 * 2**20     # parameters per streamed chunk (its two moments: twice that on the device)
+
+
+def adamw(model: nn.Module, lr: float, weight_decay: float, offload: bool = False) -> torch.optim.Optimizer:
+    """The trainer's AdamW over `model`'s parameters; `offload`: its moments kept in host memory (OffloadAdamW)."""
+    cls = OffloadAdamW if offload else torch.optim.AdamW
+    return cls(model.parameters(), lr=lr, weight_decay=weight_decay)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _wrap_like(local: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """`local` as a tensor of p's kind: a DTensor of p's mesh and placements when p is one (FSDP2's sharded params)."""
+    if not hasattr(p, "device_mesh"):
+        return local
+    from torch.distributed.tensor import DTensor
+    return DTensor.from_local(local, p.device_mesh, p.placements, shape=p.shape, stride=p.stride(), run_check=False)
+
+
+class OffloadAdamW(torch.optim.AdamW):
+    """torch's AdamW, the same arithmetic to the bit, with exp_avg and exp_avg_sq held in two flat host buffers
+    (pinned when CUDA is there) instead of on the device: 8 bytes a parameter off the GPU (61 GB for a 7.6B student).
+
+    `step()` cuts the parameters that have gradients into chunks of ≤ OFFLOAD_CHUNK_BYTES (in order, so a chunk's
+    moments are one contiguous range of each buffer); each chunk's moments are copied to the device on one side
+    stream, the chunk is stepped by AdamW's own `step` (the state pointing at the device copies), and the moments
+    are copied back on another side stream, so the next chunk's upload, this chunk's arithmetic and the last chunk's
+    download overlap. Between steps the state holds host views (DTensors of the parameter's mesh under FSDP2), so
+    `state_dict`, torch.distributed.checkpoint and `load_state_dict` see an ordinary AdamW state; a loaded state is
+    copied into the host buffers, never staged on the device whole. Off CUDA the same path runs with plain copies."""
+
+    def __init__(self, params, chunk_bytes: int = OFFLOAD_CHUNK_BYTES, **kwargs):
+        if kwargs.get("amsgrad") or kwargs.get("fused") or kwargs.get("capturable"):
+            raise ValueError("OffloadAdamW: amsgrad, fused and capturable are not supported")
+        super().__init__(params, **kwargs)
+        self.chunk_bytes = chunk_bytes
+        self._m = self._v = None
+        self._offset: dict = {}
+
+    def _ensure_host(self) -> None:
+        """The two flat host buffers, one slot per trainable parameter in group order; an existing state copied in."""
+        if self._m is not None:
+            return
+        params = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
+        if len({p.dtype for p in params}) > 1:
+            raise ValueError(f"OffloadAdamW: parameters of one dtype, got {sorted({str(p.dtype) for p in params})}")
+        n = 0
+        for p in params:
+            self._offset[p] = n
+            n += _local(p).numel()
+        pin = torch.cuda.is_available() and _local(params[0]).is_cuda
+        self._m = torch.zeros(n, dtype=params[0].dtype, pin_memory=pin)
+        self._v = torch.zeros(n, dtype=params[0].dtype, pin_memory=pin)
+        self._adopt()
+
+    def _host_view(self, buf: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+        local = _local(p)
+        return buf[self._offset[p]:self._offset[p] + local.numel()].view(local.shape)
+
+    def _adopt(self) -> None:
+        """Every state entry's moments copied into (unless already) the host buffers; state → host views."""
+        for p, st in self.state.items():
+            for key, buf in (("exp_avg", self._m), ("exp_avg_sq", self._v)):
+                if key in st:
+                    view = self._host_view(buf, p)
+                    src = _local(st[key])
+                    if src.data_ptr() != view.data_ptr():
+                        view.copy_(src)
+                    st[key] = _wrap_like(view, p)
+            if torch.is_tensor(st.get("step")) and st["step"].device.type != "cpu":
+                st["step"] = st["step"].cpu()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """AdamW's load, except that the moments are not moved to the parameters' device (61 GB for a 7.6B
+        student): each lands in the host buffers."""
+        from torch.optim.optimizer import Optimizer
+        policy = Optimizer._process_value_according_to_param_policy
+
+        def keep_moments(param, value, param_id, param_groups, key=None):
+            if key in ("exp_avg", "exp_avg_sq") and torch.is_tensor(value):
+                return value.to(dtype=param.dtype)
+            return policy(param, value, param_id, param_groups, key)
+        Optimizer._process_value_according_to_param_policy = staticmethod(keep_moments)
+        try:
+            super().load_state_dict(state_dict)
+        finally:
+            Optimizer._process_value_according_to_param_policy = staticmethod(policy)
+        if self._m is None:
+            self._ensure_host()
+        else:
+            self._adopt()
+
+    def _chunks(self, params: list) -> list[list]:
+        out, size = [[]], 0
+        for p in params:
+            b = _local(p).numel() * p.element_size()
+            if out[-1] and size + b > self.chunk_bytes:
+                out.append([])
+                size = 0
+            out[-1].append(p)
+            size += b
+        return [c for c in out if c]
+
+    def _upload(self, chunk: list, stream):
+        """The chunk's moments on the device (flat), and the event after which they are there."""
+        lo = self._offset[chunk[0]]
+        hi = self._offset[chunk[-1]] + _local(chunk[-1]).numel()
+        dev = _local(chunk[0]).device
+        if stream is None:
+            return lo, self._m[lo:hi].clone(), self._v[lo:hi].clone(), None
+        with torch.cuda.stream(stream):
+            m = self._m[lo:hi].to(dev, non_blocking=True)
+            v = self._v[lo:hi].to(dev, non_blocking=True)
+        return lo, m, v, stream.record_event()
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        if closure is not None:
+            raise ValueError("OffloadAdamW.step takes no closure")
+        self._ensure_host()
+        for group in self.param_groups:
+            live = [p for p in group["params"] if p.grad is not None]
+            if not live:
+                continue
+            cuda = _local(live[0]).is_cuda
+            up = torch.cuda.Stream(_local(live[0]).device) if cuda else None
+            down = torch.cuda.Stream(_local(live[0]).device) if cuda else None
+            chunks = self._chunks(live)
+            staged = self._upload(chunks[0], up)
+            for i, chunk in enumerate(chunks):
+                lo, m, v, ready = staged
+                if cuda:
+                    main = torch.cuda.current_stream()
+                    main.wait_event(ready)
+                    m.record_stream(main)
+                    v.record_stream(main)
+                if i + 1 < len(chunks):
+                    staged = self._upload(chunks[i + 1], up)
+                self._step_chunk(group, chunk, lo, m, v)
+                hi = lo + len(m)
+                if cuda:
+                    down.wait_stream(main)
+                    with torch.cuda.stream(down):
+                        self._m[lo:hi].copy_(m, non_blocking=True)
+                        self._v[lo:hi].copy_(v, non_blocking=True)
+                    m.record_stream(down)
+                    v.record_stream(down)
+                else:
+                    self._m[lo:hi].copy_(m)
+                    self._v[lo:hi].copy_(v)
+            if cuda:
+                down.synchronize()          # the host buffers are the state again (checkpoints read them)
+        return None
+
+    def _step_chunk(self, group: dict, chunk: list, lo: int, m: torch.Tensor, v: torch.Tensor) -> None:
+        """AdamW's own step on `chunk` alone, its state pointing at the device copies; then at the host views."""
+        from torch.optim.optimizer import _get_scalar_dtype
+        for p in chunk:
+            st = self.state[p]
+            if "step" not in st:                       # as AdamW initialises a state (non-fused, non-capturable)
+                st["step"] = torch.tensor(0.0, dtype=_get_scalar_dtype())
+            a, n = self._offset[p] - lo, _local(p).numel()
+            st["exp_avg"] = _wrap_like(m[a:a + n].view(_local(p).shape), p)
+            st["exp_avg_sq"] = _wrap_like(v[a:a + n].view(_local(p).shape), p)
+        groups = self.param_groups
+        self.param_groups = [dict(group, params=chunk)]
+        try:
+            super().step()
+        finally:
+            self.param_groups = groups
+        for p in chunk:
+            self.state[p]["exp_avg"] = _wrap_like(self._host_view(self._m, p), p)
+            self.state[p]["exp_avg_sq"] = _wrap_like(self._host_view(self._v, p), p)
 
 
 def params_finite(model: nn.Module) -> bool:
