@@ -12,7 +12,8 @@ weights sample every embedding row, and ids 151,936–152,063 (padding rows a re
 be ids the 1.5B teachers have no row for: their log-probs NaN, and 03 stops on a non-finite loss. The 128 rows are
 0.08 % of the head's columns and 0.006 % of the parameters.
 
-summary: floors as bench/step_floor.py defines them, with the four models' own sizes (score = 2·T·ΣP / R, update
+summary: floors as bench/step_floor.py defines them, with the four models' own sizes (gen: the 7B student's weights and
+each live sequence's KV read once per decode step at 2C; score = 2·T·ΣP / R, update
 = c·P_s·T / R, c = 8 with activation checkpointing) and, for the optimizer with --offload-optimizer, the moments'
 round trip over PCIe (8·P_s bytes each way at the measured pinned host↔device rate, both directions at once).
 R (bf16 8192³ matmul), C (2 GiB device copy) and the pinned host→device / device→host rates are measured here.
@@ -110,9 +111,15 @@ def summary(metrics: Path, student: Path, teacher: Path, offload: bool, ac: bool
     T = statistics.median(r["perf/tokens"] for r in steady)
     rt = rates()
     c = 8 if ac else 6
+    S = statistics.median(r["perf/sequences"] for r in steady)
+    Tr = statistics.median(r["perf/response_tokens"] for r in steady)
+    L, Lm, pm = max(r["response_length/max"] for r in steady), Tr / S, (T - Tr) / S
+    kv = 2 * 28 * 4 * 128 * 2                       # bytes of bf16 KV a token at the 7B shape (28 layers, 4 KV heads)
     floor = {"sync": 2 * P_s / rt["C"], "score": 2 * T * (2 * P_s + 2 * P_t) / rt["R"],
+             "gen": (L * 2 * P_s + kv * S * (pm * Lm + Lm * (Lm - 1) / 2)) / (2 * rt["C"]),
              "update": c * P_s * T / rt["R"],
              "optimizer": (8 * P_s * 2 / rt["duplex"]) if offload else 40 * P_s / (2 * rt["C"])}
+    floor["step"] = sum(floor.values())
     print(f"student {P_s / 1e9:.3f}B, teacher {P_t / 1e9:.3f}B, T {T:.0f} tokens a step; R {rt['R'] / 1e12:.0f} "
           f"TFLOP/s, C {rt['C'] / 1e12:.2f} TB/s, pinned H2D {rt['H2D'] / 1e9:.1f} GB/s, D2H {rt['D2H'] / 1e9:.1f} "
           f"GB/s, both at once {rt['duplex'] / 1e9:.1f} GB/s")
