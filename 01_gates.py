@@ -35,7 +35,7 @@ from lib import benchmarks, models, registry
 from lib.artifacts import (ArtifactError, atomic_write_json, atomic_write_text, read_json, read_manifest, verify_dir,
                            wall_clock, write_manifest)
 from lib.cli import HelpFormatter, positive_int
-from lib.data import assistant_header, dapo_prompt, prompt_ids, render_chat
+from lib.data import assistant_header, dapo_prompt, prompt_ids, refuse_special_text, render_chat
 from lib.gates import anatomy, chat_template, checks
 
 GATES = ("tokenizer", "prompt_length", "context", "template", "anatomy")
@@ -272,6 +272,7 @@ def main(argv=None):
     except (RuntimeError, FileNotFoundError, KeyError) as e:       # offline hub, missing RAFT folder, bad alias
         sys.exit(f"[01] cannot load the models of pair {args.pair}: {e}")
     train_rows, train_src = benchmarks.load_benchmark(args.train_data or pair.train_data, require_answer=False)
+    refuse_special_text(roles["student"]["tok"], train_rows, train_src)     # before the anatomy loads a model
     print(f"[01] gates for pair {args.pair}: student {roles['student']['alias']}, π_pre {roles['pi_pre']['alias']}, "
           f"π_post {roles['pi_post']['alias']} → {out_dir}", flush=True)
 

@@ -29,14 +29,13 @@ Every comparison is lib.report.stats.paired_bootstrap (10,000 resamples, default
 """
 from __future__ import annotations
 
-import argparse
 import math
 import time
 from pathlib import Path
 
 from lib.artifacts import (ArtifactError, atomic_write_json, read_json, sha256_file, verify_dir, wall_clock,
                            write_manifest)
-from lib.cli import HelpFormatter, positive_int
+from lib.cli import ArgumentParser, HelpFormatter, nonnegative_int, positive_int
 from lib.errors import refuse_in_one_line
 from lib.registry import PAIRS, PROTOCOLS, STUDENTS
 from lib.report import stats
@@ -47,12 +46,12 @@ from lib.report.campaign import (CURVE_KEYS, check_same_benchmark, collapse_watc
 refuse_in_one_line("05_stats", ArtifactError, stats.AlignmentError)
 
 # --- args ---
-ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
+ap = ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
 ap.add_argument("--run-dir", required=True, help="campaign directory, e.g. runs/toy")
 ap.add_argument("--pair", default=None, choices=sorted(PAIRS),
                 help="teacher pair of the campaign; default: the pair recorded in the run summaries / eval manifests")
 ap.add_argument("--n-boot", type=positive_int, default=stats.N_BOOT, help="bootstrap resamples (DESIGN.md §6: 10,000)")
-ap.add_argument("--seed", type=int, default=stats.SEED, help="bootstrap RNG seed (DESIGN.md §6: 42)")
+ap.add_argument("--seed", type=nonnegative_int, default=stats.SEED, help="bootstrap RNG seed (DESIGN.md §6: 42)")
 args = ap.parse_args()
 started, t0 = wall_clock()
 run_dir = Path(args.run_dir)

@@ -28,14 +28,13 @@ plus gate G2 computed by 05_stats (alias `raft` vs its base on the shared eval u
 """
 from __future__ import annotations
 
-import argparse
 import re
 import time
 from pathlib import Path
 
 from lib.artifacts import (ArtifactError, atomic_write_json, atomic_write_text, read_json, sha256_file, verify_dir,
                            wall_clock, write_manifest)
-from lib.cli import HelpFormatter
+from lib.cli import ArgumentParser, HelpFormatter
 from lib.errors import refuse_in_one_line
 from lib.registry import PAIRS
 from lib.report import figures
@@ -52,7 +51,7 @@ REWARD_SHORT = {"opd": "OPD reward", "delta-sampled": "shift reward", "delta-top
 refuse_in_one_line("06_report", ArtifactError)   # a changed input: one line naming it, not a traceback
 
 # --- args ---
-ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=HelpFormatter)
+ap = ArgumentParser(description=__doc__.split("\n")[0], formatter_class=HelpFormatter)
 ap.add_argument("--run-dir", required=True, help="campaign directory holding stats/ (run 05_stats.py first)")
 args = ap.parse_args()
 started, t0 = wall_clock()

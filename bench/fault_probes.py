@@ -1,4 +1,4 @@
-"""The fault-probe scorecard of issues 17 and 34: 60 fault, tampering, bad-input and concurrency probes on the toy world.
+"""The fault-probe scorecard of issues 17 and 34: 67 fault, tampering, bad-input and concurrency probes on the toy world.
 
 Each probe is a small real scenario in a scratch folder of its own: the stage scripts (03_opd_train, 04_eval,
 05_stats, 07_raft, campaign.sh) and lib.eval.grading run as subprocesses, every command under a hard timeout. Faults come
@@ -20,7 +20,7 @@ a probe that cannot set up its scenario included (it says why); nothing is skipp
 A full disk is a small tmpfs (mounting one needs root: otherwise run this script under `unshare -Urm`). A cached toy
 model is damaged only in a copy of the toy world under a scratch OPD_CACHE, never in $OPD_CACHE itself.
 
-    OPD_CACHE=.cache python bench/fault_probes.py --out /tmp/probes      # all 60 (CPU): the first 42 took 7–12 min on 2 busy cores
+    OPD_CACHE=.cache python bench/fault_probes.py --out /tmp/probes      # all 67 (CPU): the first 42 took 7–12 min on 2 busy cores
     python bench/fault_probes.py --list          python bench/fault_probes.py --only NAME[,NAME…] --out DIR
 """
 from __future__ import annotations
@@ -295,7 +295,8 @@ add("disk-full-later-checkpoint", "1 kill", "1a", "03 on a 20 MiB tmpfs (step 2 
 # --- 2. grading workers die with their caller; a pathological item is bounded ---
 
 TOWER = "9^{9^{9^{9^{9}}}}"                      # sympy evaluates the power tower for ever
-CALLER = ("import threading\nfrom lib import grading\nthreading.Thread(target=grading.grade, args=("
+CALLER = ("import threading\ntry:\n    from lib.eval import grading\nexcept ImportError:\n    from lib import grading\n"
+          "threading.Thread(target=grading.grade, args=("
           f"'Answer: {TOWER}', '1', 600.0), daemon=True).start()\nprint('grading', flush=True)\n"
           "threading.Event().wait()\n")
 
@@ -1056,6 +1057,142 @@ def split_boxes(d):
     check(all(r < 35 for r in ratios.values()), f"not linear: cost ratios {ratios} (10 n over n)")
     return "both split answers right, the scratch box not counted; cost ratios " + \
         ", ".join(f"{k} ×{r:.0f}" for k, r in ratios.items())
+
+
+# --- issue 34, second pass: the toy cache's modes, 01's data, derived names, damaged JSON, one-line refusals ---
+
+def umask() -> int:
+    return int(next(x for x in Path("/proc/self/status").read_text().splitlines()
+                    if x.startswith("Umask:")).split()[1], 8)
+
+
+def cached_model(name: str, dst: Path) -> Path:
+    """A copy of the cached toy model `name`'s folder (found on disk, as scratch_world finds the world)."""
+    found = sorted(Path(CACHE, "toy").glob(f"*/models/{name}/config.json"), key=lambda p: p.stat().st_mtime)
+    check(found, f"no toy world cached under {CACHE}/toy: build it first")
+    return copy_dir(found[-1].parent, dst)
+
+
+@probe("toy-cache-follows-umask", "34 second pass", "34.12", "a scratch copy of the cached toy world with the modes "
+       "a build leaves (its folder 0700 from mkdtemp, every model.safetensors 0600 from safetensors), then 04 on "
+       "toy-pre: every folder and file of the world has the umask's mode (0755 / 0644 under 022), as every other artifact")
+def toy_cache_modes(d):
+    world = scratch_world(d)
+    os.chmod(world, 0o700)
+    for f in world.glob("models/*/model.safetensors"):
+        os.chmod(f, 0o600)
+    ok(evaluate(d / "run", "toy-pre", *PRE, OPD_CACHE=str(d / "cache")), "04 on the scratch world")
+    mask = umask()
+    want = lambda q: (0o777 if q.is_dir() else 0o666) & ~mask
+    bad = {(q.relative_to(world).as_posix() or "."): oct(q.stat().st_mode & 0o777) for q in [world, *world.rglob("*")]
+           if q.stat().st_mode & 0o777 != want(q)}
+    check(not bad, f"{len(bad)} entries of the world not {oct(want(world))} / {oct(0o666 & ~mask)}: "
+                   f"{dict(list(bad.items())[:3])}")
+    return f"all {1 + sum(1 for _ in world.rglob('*'))} entries {oct(0o777 & ~mask)} / {oct(0o666 & ~mask)}"
+
+
+ADD_THINK = ("import sys\nfrom transformers import AutoTokenizer\nt = AutoTokenizer.from_pretrained(sys.argv[1])\n"
+             "t.add_special_tokens({'additional_special_tokens': ['<think>']})\nt.save_pretrained(sys.argv[1])\n")
+
+
+@probe("gates-refuse-special-token-text", "34 second pass", "34.7", "01_gates with a student whose tokenizer has "
+       "'<think>' as an added token (a copy of the toy student) and training prompts holding '<think>' in one "
+       "problem: refused in one line naming the file, the row and the text (03's words), before the gates run; "
+       "nothing written")
+def gates_special(d):
+    student = cached_model("student", d / "student")
+    ok(run([PY, "-c", ADD_THINK, student]), "adding <think> to the copy's tokenizer")
+    rows = toy_rows(4)
+    forged = dict(rows[3], problem="<think>7</think> " + rows[3]["problem"])
+    f = bench_file(d / "data/prompts.jsonl", rows[:3] + [forged])
+    rd = d / "run"
+    p = stage("01_gates.py", f"--run-dir={rd}", "--pair=toy", f"--student={student}", f"--train-data={f}",
+              "--gates", "tokenizer", "template")
+    line = refusal(p, str(f), repr(rows[3]["id"]), "'<think>'", "forged turn")
+    nothing_written(rd, "01")
+    return short(line)
+
+
+@probe("benchmark-stem-not-a-folder-name", "34 second pass", "34.6", "04 on a benchmark file named '...jsonl' (its "
+       "stem '..' names the unit's folder: evals/<alias>/../greedy): refused in one line naming the file and the fix "
+       "before any model loads; nothing written")
+def bench_stem(d):
+    f = bench_file(d / "data" / "...jsonl", toy_rows(2))
+    rd = d / "run"
+    line = refusal(evaluate(rd, "toy-pre", f"--benchmark={f}", "--protocol=greedy"), str(f), "rename the file")
+    nothing_written(rd, "04")
+    return short(line)
+
+
+@probe("model-folder-name-not-a-folder-name", "34 second pass", "34.6", "04 --model <folder>/x/.. (a copy of toy "
+       "π_pre whose context holds its default cap; the folder's name '..' becomes the unit alias: evals/../<bench>): "
+       "refused in one line saying to pass --alias, before any model loads; nothing written")
+def model_folder_name(d):
+    m = cached_model("pre", d / "m")
+    cfg = json.loads((m / "config.json").read_text())
+    (m / "config.json").write_text(json.dumps(cfg | {"max_position_embeddings": 40_000}, indent=2))
+    (m / "x").mkdir()
+    f = bench_file(d / "data/b.jsonl", toy_rows(2))
+    rd = d / "run"
+    line = refusal(evaluate(rd, f"{m}/x/..", f"--benchmark={f}", "--protocol=greedy"), "'..'", "pass --alias")
+    nothing_written(rd, "04")
+    return short(line)
+
+
+def cut(path: Path, n: int = 100):
+    """The first n bytes of a file: a copy cut off, or a write torn by a full disk."""
+    path.write_bytes(path.read_bytes()[:n])
+
+
+@probe("damaged-json-refused-in-one-line", "34 second pass", "34.12", "a JSON file cut to its first 100 bytes: a "
+       "finished run's manifest.json (then 03 as before, and 04 on its checkpoint), an eval unit's manifest.json "
+       "(then 05), stats/manifest.json (then 06): each refused in one line naming the file, not a traceback; "
+       "nothing changed")
+def damaged_json(d):
+    said = []
+    rd = copy_dir(base(), d / "train")
+    cut(rd / RUN / "manifest.json")
+    before = tree(rd)
+    said.append(refusal(train(rd), str(rd / RUN / "manifest.json"), "not valid JSON"))
+    said.append(refusal(evaluate(rd, rd / RUN / S4, *PRE), str(rd / RUN / "manifest.json"), "not valid JSON"))
+    check(tree(rd) == before, "the run folder changed")
+    f = bench_file(d / "data/toy.jsonl", toy_rows(4))
+    sd = d / "stats"
+    for model in ("toy-pre", "toy-post"):
+        ok(evaluate(sd, model, f"--benchmark={f}", "--protocol=greedy"), f"04 {model}")
+    ok(stage("05_stats.py", f"--run-dir={sd}", "--pair=toy"), "05")
+    for damaged, cmd in (("evals/toy-pre/toy/greedy/manifest.json", "05_stats.py"),
+                         ("stats/manifest.json", "06_report.py")):
+        x = copy_dir(sd, d / f"x{len(said)}")
+        cut(x / damaged)
+        before = tree(x)
+        args = [f"--run-dir={x}", "--pair=toy"] if cmd == "05_stats.py" else [f"--run-dir={x}"]
+        said.append(refusal(stage(cmd, *args), str(x / damaged), "not valid JSON"))
+        check(tree(x) == before, f"{cmd} changed the run dir")
+    return f"03, 04, 05, 06 each refused in one line: {short(said[0], 90)}"
+
+
+@probe("raft-changed-kept-refused-in-one-line", "34 second pass", "34.5", "07_raft --stage sample run, then a row "
+       "appended to raft/kept.jsonl, then the same command: refused in one line naming the file, not a traceback")
+def raft_changed(d):
+    r07 = ["07_raft.py", f"--run-dir={d}", "--pair=toy", "--stage=sample", "--limit-prompts=8", "--k=2", "--g1-min=1",
+           "--batch-prompts=4"]
+    ok(stage(*r07), "07_raft")
+    with open(d / "raft/kept.jsonl", "a") as fh:
+        fh.write('{"id": "forged"}\n')
+    return short(refusal(stage(*r07), str(d / "raft/kept.jsonl"), "manifest.json", "Re-run 07_raft"))
+
+
+@probe("stats-report-flags-one-line", "34 second pass", "34.8", "05 --seed -1, --seed x, --n-boot 0 and 06 --run-dir "
+       "without a value: each refused by argparse in one line naming the flag (lib.cli's format), nothing written")
+def stats_flags(d):
+    said = []
+    for args in (["--seed=-1"], ["--seed=x"], ["--n-boot=0"]):
+        p = stage("05_stats.py", f"--run-dir={d / 'run'}", "--pair=toy", *args)
+        said.append(refusal(p, args[0].split("=")[0], "(see --help)"))
+    said.append(refusal(stage("06_report.py", "--run-dir"), "--run-dir", "(see --help)"))
+    nothing_written(d / "run", "05")
+    return short(said[0])
 
 
 def machine() -> str:

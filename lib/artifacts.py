@@ -18,12 +18,14 @@ import hashlib
 import json
 import os
 import platform
+import stat
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from lib import cpu_repro
+from lib.errors import UserError
 
 REPO = Path(__file__).resolve().parent.parent
 MANIFEST = "manifest.json"
@@ -31,6 +33,11 @@ MANIFEST = "manifest.json"
 
 class ArtifactError(RuntimeError):
     """An artifact on disk is missing, changed since it was written, or would be silently overwritten."""
+
+
+class DamagedJSON(UserError, ValueError):
+    """A JSON file that does not parse (cut off, overwritten with other bytes): one line naming it and the fix, at
+    any depth of any stage (a UserError), and still a ValueError for a caller that refuses it in its own words."""
 
 
 # --- hashing ---
@@ -99,6 +106,21 @@ def umask_mode(*paths: str | Path) -> None:
         os.chmod(p, mode)
 
 
+def follow_umask(root: str | Path) -> None:
+    """Widen a cached folder built private (mkdtemp's 0700 folder, safetensors' 0600 files) to the modes the umask
+    gives an ordinary folder and file (0755 / 0644 under umask 022), as every other artifact has; a mode already as
+    wide is left as it is, and so is what this user does not own or cannot change (a shared, read-only cache)."""
+    mask, uid = current_umask(), os.geteuid()
+    for p in [Path(root), *Path(root).rglob("*")]:
+        try:
+            st = os.lstat(p)
+            want = (0o777 if stat.S_ISDIR(st.st_mode) else 0o666) & ~mask
+            if st.st_uid == uid and not stat.S_ISLNK(st.st_mode) and want & ~st.st_mode:
+                os.chmod(p, stat.S_IMODE(st.st_mode) | want)
+        except OSError:
+            continue
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
     """Write `data` to `path` so that a reader sees the old file or the new one, never a part. The file gets the
     mode an ordinary open() would give it (0644 under umask 022), not mkstemp's private 0600."""
@@ -137,8 +159,14 @@ def atomic_write_jsonl(path: str | Path, rows) -> Path:
 
 
 def read_json(path: str | Path):
+    """The JSON value of `path`; a file that does not parse is refused in one line (DamagedJSON), not a traceback."""
     with open(path, encoding="utf-8") as f:
-        return json.load(f)
+        try:
+            return json.load(f)
+        except ValueError as e:                        # JSONDecodeError, UnicodeDecodeError
+            why = e.msg if isinstance(e, json.JSONDecodeError) else str(e).splitlines()[0]
+            raise DamagedJSON(f"{path} is not valid JSON ({why}): it was cut off or damaged after it was written; "
+                              f"restore it, or delete its folder and rerun the stage that wrote it") from None
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
@@ -217,7 +245,11 @@ def read_manifest(out_dir: str | Path) -> dict:
     p = Path(out_dir) / MANIFEST
     if not p.exists():
         raise ArtifactError(f"{out_dir} has no {MANIFEST}: the stage that writes it did not finish; re-run it")
-    return read_json(p)
+    m = read_json(p)
+    if not isinstance(m, dict) or not isinstance(m.get("outputs"), dict) or not isinstance(m.get("stage"), str):
+        raise ArtifactError(f"{p} is not a manifest (no stage name or outputs table): it was replaced after it was "
+                            f"written; delete {out_dir} and rerun the stage that wrote it")
+    return m
 
 
 def verify_dir(out_dir: str | Path, files: list[str] | None = None) -> dict:

@@ -40,8 +40,11 @@ def benchmark_source(name: str) -> str:
                         f".jsonl/.parquet file")
     b = BENCHMARKS[name]
     if name.startswith("toy"):
+        from lib.artifacts import follow_umask
         from lib.toy import builder
-        return str(builder.build() / "data" / b.file)
+        root = builder.build()
+        follow_umask(root)                           # the build leaves its folder 0700 (mkdtemp)
+        return str(root / "data" / b.file)
     d = data_dir()
     if d is not None and (d / b.file).exists():
         return str(d / b.file)

@@ -122,9 +122,10 @@ def verified_toy_model(name: str) -> Path:
       tokenizer_config.json    the recorded stop and pad tokens;
       generation_config.json   the recorded stop and pad ids;
     and no other file (a file the build did not write, custom code among them)."""
-    from lib.artifacts import sha256_file
+    from lib.artifacts import follow_umask, sha256_file
     from lib.toy import builder
     path, world = builder.model_dir(name), builder.world()
+    follow_umask(path.parent.parent)                 # the build leaves its folder 0700 and the weights 0600
     rec, tok = world["models"][name], world["tokenizer"]
     fix = f"delete {path.parent.parent} and rerun to rebuild the toy world"
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from lib.artifacts import REPO, atomic_write_json
+from lib.artifacts import REPO, atomic_write_json, umask_mode
 
 QWEN25 = dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", hidden_act="silu", rope_theta=1_000_000.0,
               rms_norm_eps=1e-6, max_position_embeddings=32_768, bos_token_id=151_643, eos_token_id=151_645,
@@ -44,5 +44,6 @@ def model_dir(shape: str, seed: int) -> Path:
     qwen_tokenizer.build("qwen2.5").save_pretrained(tmp)
     GenerationConfig(bos_token_id=151_643, eos_token_id=[151_645, 151_643], pad_token_id=151_643).save_pretrained(tmp)
     atomic_write_json(tmp / "shape.json", {"shape": shape, "seed": seed, "note": "random weights: speed only"})
+    umask_mode(*tmp.glob("*.safetensors"))                   # written 0600 by safetensors
     os.replace(tmp, out)
     return out

@@ -108,12 +108,16 @@ def plan_unit(run_dir, model_name, benchmark, protocol, *, alias=None, limit_pro
                         "folder name: fix checkpoint.json or pass --alias")
     if alias is not None and (why := name_error(alias)):
         raise UserError(f"alias {why}")
+    if alias is None and not ckpt and (why := name_error(model.alias)):      # a folder's name: `--model a/..`
+        raise UserError(f"model {model_name}: its name becomes the unit's folder, but {why}; pass --alias NAME")
     if alias is None:
         alias = f"{ckpt['run']}-step{ckpt['step']}" if ckpt else model.alias
     model.extra.update({k: ckpt.get(k) for k in ("run", "step", "student_init")})
 
     rows, src = benchmarks.load_benchmark(benchmark)
     bench_name = benchmark if benchmark in registry.BENCHMARKS else Path(benchmark).stem
+    if why := name_error(bench_name):                       # a file's stem: `...jsonl` is '..'
+        raise UserError(f"benchmark file {benchmark}: its stem becomes the unit's folder, but {why}; rename the file")
     deviations = []
     if limit_problems is not None and limit_problems < len(rows):
         deviations.append(f"limit-problems: {limit_problems} of {len(rows)} problems, evenly spaced")
