@@ -1,4 +1,4 @@
-"""The fault-probe scorecard of issues 17 and 34: 67 fault, tampering, bad-input and concurrency probes on the toy world.
+"""The fault-probe scorecard of issues 17 and 34: 68 fault, tampering, bad-input and concurrency probes on the toy world.
 
 Each probe is a small real scenario in a scratch folder of its own: the stage scripts (03_opd_train, 04_eval,
 05_stats, 07_raft, campaign.sh) and lib.eval.grading run as subprocesses, every command under a hard timeout. Faults come
@@ -20,7 +20,7 @@ a probe that cannot set up its scenario included (it says why); nothing is skipp
 A full disk is a small tmpfs (mounting one needs root: otherwise run this script under `unshare -Urm`). A cached toy
 model is damaged only in a copy of the toy world under a scratch OPD_CACHE, never in $OPD_CACHE itself.
 
-    OPD_CACHE=.cache python bench/fault_probes.py --out /tmp/probes      # all 67 (CPU): the first 42 took 7–12 min on 2 busy cores
+    OPD_CACHE=.cache python bench/fault_probes.py --out /tmp/probes      # all 68 (CPU): the first 42 took 7–12 min on 2 busy cores
     python bench/fault_probes.py --list          python bench/fault_probes.py --only NAME[,NAME…] --out DIR
 """
 from __future__ import annotations
@@ -1193,6 +1193,21 @@ def stats_flags(d):
     said.append(refusal(stage("06_report.py", "--run-dir"), "--run-dir", "(see --help)"))
     nothing_written(d / "run", "05")
     return short(said[0])
+
+
+@probe("edited-cached-toy-data", "34 second pass", "34.5", "8 gold answers of toy_test.jsonl changed in a scratch copy "
+       "of the cached world (the models untouched), then 04 on toy-pre --benchmark toy: refused in one line naming the "
+       "file and the fix (rebuild), before any model loads; nothing written")
+def edited_toy_data(d):
+    f = scratch_world(d) / "data/toy_test.jsonl"
+    rows = [json.loads(x) for x in f.read_text().splitlines()]
+    for r in rows[:16:2]:
+        r["answer"] = str(int(r["answer"]) + 1)
+    f.write_text("".join(json.dumps(r, sort_keys=True, ensure_ascii=False) + "\n" for r in rows))
+    rd = d / "run"
+    line = refusal(evaluate(rd, "toy-pre", *PRE, OPD_CACHE=str(d / "cache")), str(f), "rebuild")
+    nothing_written(rd, "04")
+    return short(line)
 
 
 def machine() -> str:

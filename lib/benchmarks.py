@@ -44,7 +44,7 @@ def benchmark_source(name: str) -> str:
         from lib.toy import builder
         root = builder.build()
         follow_umask(root)                           # the build leaves its folder 0700 (mkdtemp)
-        return str(root / "data" / b.file)
+        return str(verified_toy_data(root / "data" / b.file))
     d = data_dir()
     if d is not None and (d / b.file).exists():
         return str(d / b.file)
@@ -53,6 +53,26 @@ def benchmark_source(name: str) -> str:
     where = f"{d} (OPD_DATA_DIR)" if d is not None else "no data directory (set OPD_DATA_DIR)"
     raise UserError(f"file not found: benchmark {name} needs {b.file}, which is not in {where}: set OPD_DATA_DIR to "
                     f"the folder holding it")
+
+
+def verified_toy_data(path: Path) -> Path:
+    """A toy world's benchmark file as its build wrote it: the build's rows are drawn again (builder.make_data:
+    seeded, ~50 ms) and compared, so a row changed in the cache (a gold answer) is refused, not evaluated under the
+    world's identity; world.json records the models' bytes, not the data's."""
+    import json
+    from lib.toy import builder
+    test, train = builder.make_data()
+    want = json.loads(json.dumps({"toy_test.jsonl": test, "toy_train.jsonl": train}.get(path.name)))
+    if want is None:                                   # a file make_data does not write: nothing to compare with
+        return path
+    try:
+        got = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
+    except (OSError, ValueError):
+        got = None
+    if got != want:
+        raise UserError(f"toy benchmark {path} is not what the toy world's build wrote (a row changed, added or "
+                        f"removed since): delete {path.parent.parent} and rerun to rebuild the toy world")
+    return path
 
 
 def load_benchmark(name: str, require_answer: bool = True) -> tuple[list[dict], str]:
