@@ -83,16 +83,30 @@ def context_gate(plan: Plan, prompts: list[list[int]]) -> dict:
 
 # --- sampling with resume: finished generations are appended to a partial file chunk by chunk ---
 
+def row_sha256(r: dict) -> str:
+    """The sha256 a partial row carries of itself: a row damaged on disk (a flipped byte in its completion, still
+    valid JSON) no longer matches and is generated again, never graded (lib/runs.py's integrity.json, per row)."""
+    return sha256_bytes(json.dumps({k: v for k, v in r.items() if k != "row_sha256"}, sort_keys=True,
+                                   ensure_ascii=False).encode())
+
+
 def load_partial(path: Path, cfg_sha: str) -> dict:
-    done = {}
+    done, damaged = {}, 0
     if path.exists():
-        for line in path.read_text(encoding="utf-8").splitlines():
+        for line in path.read_bytes().decode("utf-8", errors="replace").splitlines():
             try:
                 r = json.loads(line)
             except json.JSONDecodeError:
+                damaged += 1
                 continue  # a torn last line from a killed run: that sample is simply redone
+            if not isinstance(r, dict) or r.get("row_sha256") != row_sha256(r):
+                damaged += 1
+                continue  # damaged on disk, or written before rows carried their sha256: redone
+            del r["row_sha256"]
             if r.get("config_sha256") == cfg_sha:
                 done[(r["problem_id"], r["seed"])] = r
+    if damaged:
+        print(f"[04_eval] {path}: {damaged} row(s) torn, damaged or unverifiable: generated again")
     return done
 
 
@@ -107,6 +121,9 @@ def generate(plan: Plan, engine, tokenizer, prompts: list[list[int]], chunk: int
         print(f"[04_eval] {plan.alias}/{plan.benchmark}/{plan.protocol}: resuming, "
               f"{len(done)} samples already generated")
     plan.out.mkdir(parents=True, exist_ok=True)
+    if partial.exists() and not partial.read_bytes().endswith(b"\n") and partial.stat().st_size:
+        with open(partial, "ab") as f:             # a torn last line: end it, so the next row starts a line of its own
+            f.write(b"\n")
     with open(partial, "a", encoding="utf-8") as f:
         for c in range(0, len(todo), chunk):
             part = todo[c:c + chunk]
@@ -118,7 +135,7 @@ def generate(plan: Plan, engine, tokenizer, prompts: list[list[int]], chunk: int
                 r = {"config_sha256": cfg_sha, "problem_id": plan.rows[i]["id"], "seed": s, "completion": o.text,
                      "n_tokens": len(o.token_ids), "truncated": o.finish_reason == "length"}
                 done[(r["problem_id"], s)] = r
-                f.write(json.dumps(r, ensure_ascii=False) + "\n")
+                f.write(json.dumps(r | {"row_sha256": row_sha256(r)}, ensure_ascii=False) + "\n")
             f.flush()
             os.fsync(f.fileno())
     return [done[(r["id"], s)] for r in plan.rows for s in range(proto.n)]

@@ -1,4 +1,4 @@
-"""The fault-probe scorecard of issues 17 and 34: 68 fault, tampering, bad-input and concurrency probes on the toy world.
+"""The fault-probe scorecard of issues 17 and 34: 69 fault, tampering, bad-input and concurrency probes on the toy world.
 
 Each probe is a small real scenario in a scratch folder of its own: the stage scripts (03_opd_train, 04_eval,
 05_stats, 07_raft, campaign.sh) and lib.eval.grading run as subprocesses, every command under a hard timeout. Faults come
@@ -20,7 +20,7 @@ a probe that cannot set up its scenario included (it says why); nothing is skipp
 A full disk is a small tmpfs (mounting one needs root: otherwise run this script under `unshare -Urm`). A cached toy
 model is damaged only in a copy of the toy world under a scratch OPD_CACHE, never in $OPD_CACHE itself.
 
-    OPD_CACHE=.cache python bench/fault_probes.py --out /tmp/probes      # all 68 (CPU): the first 42 took 7–12 min on 2 busy cores
+    OPD_CACHE=.cache python bench/fault_probes.py --out /tmp/probes      # all 69 (CPU): the first 42 took 7–12 min on 2 busy cores
     python bench/fault_probes.py --list          python bench/fault_probes.py --only NAME[,NAME…] --out DIR
 """
 from __future__ import annotations
@@ -1075,7 +1075,8 @@ def cached_model(name: str, dst: Path) -> Path:
 
 @probe("toy-cache-follows-umask", "34 second pass", "34.12", "a scratch copy of the cached toy world with the modes "
        "a build leaves (its folder 0700 from mkdtemp, every model.safetensors 0600 from safetensors), then 04 on "
-       "toy-pre: every folder and file of the world has the umask's mode (0755 / 0644 under 022), as every other artifact")
+       "toy-pre: every folder and file of the world has the umask's mode (0755 / 0644 under 022), as every other "
+       "artifact")
 def toy_cache_modes(d):
     world = scratch_world(d)
     os.chmod(world, 0o700)
@@ -1208,6 +1209,33 @@ def edited_toy_data(d):
     line = refusal(evaluate(rd, "toy-pre", *PRE, OPD_CACHE=str(d / "cache")), str(f), "rebuild")
     nothing_written(rd, "04")
     return short(line)
+
+
+@probe("damaged-partial-eval-row-redone", "34 second pass", "34.2", "04 SIGKILLed once its first chunk of samples "
+       "is on disk (as eval-killed-resumes), then one digit of a completion in generations.partial.jsonl changed "
+       "(valid JSON still), then the same command: the damaged row is generated again, the unit byte-identical to an "
+       "uninterrupted one")
+def damaged_partial(d):
+    args = ["--model=toy-student", "--benchmark=toy", "--protocol=sample4", "--limit-problems=120"]
+    u = "evals/toy-student_sub120/toy/sample4"
+    ok(stage("04_eval.py", f"--run-dir={d / 'whole'}", *args))
+    part = d / "killed" / u / "generations.partial.jsonl"
+    a = popen([PY, "04_eval.py", f"--run-dir={d / 'killed'}", *args])
+    wait_until(lambda: a.poll() is not None or (part.exists() and part.read_bytes().count(b"\n") >= 256), T,
+               "no chunk of samples was ever written", 0.02)
+    a.kill()
+    a.wait()
+    check(a.returncode == -signal.SIGKILL and not (d / "killed" / u / "manifest.json").exists(),
+          f"04 finished before it could be killed (exit {a.returncode}): rerun the probe")
+    lines = part.read_text().splitlines(keepends=True)
+    k = next(i for i, x in enumerate(lines) if re.search(r"Answer: \d", x))
+    lines[k] = re.sub(r"Answer: (\d)", lambda m: f"Answer: {(int(m[1]) + 1) % 10}", lines[k], count=1)
+    part.write_text("".join(lines))
+    ok(stage("04_eval.py", f"--run-dir={d / 'killed'}", *args), "the rerun")
+    for f in ("samples.jsonl", "scores.json"):
+        check((d / "killed" / u / f).read_bytes() == (d / "whole" / u / f).read_bytes(),
+              f"{f} differs from the uninterrupted unit's: the damaged row {k + 1} was graded as it was")
+    return f"row {k + 1} of {len(lines)} damaged: generated again; samples.jsonl and scores.json byte-identical"
 
 
 def machine() -> str:

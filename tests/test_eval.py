@@ -10,7 +10,7 @@ import pytest
 
 from helpers import run_script
 from lib import benchmarks, models
-from lib.artifacts import read_json, read_jsonl, verify_dir, write_manifest
+from lib.artifacts import read_json, read_jsonl, sha256_bytes, verify_dir, write_manifest
 from lib.toy import builder
 from lib.toy.task import extract_int
 
@@ -125,12 +125,14 @@ def test_resume_uses_the_partial_file(world, tmp_path):
     # a killed run leaves generations.partial.jsonl behind: plant one (with a marked completion) and a torn line
     planted = {"config_sha256": scores["config_sha256"], "problem_id": rows[0]["problem_id"], "seed": 0,
                "completion": "planted\nAnswer: 12345", "n_tokens": 5, "truncated": False}
+    planted["row_sha256"] = sha256_bytes(json.dumps(planted, sort_keys=True, ensure_ascii=False).encode())
+    damaged = dict(planted, problem_id=rows[1]["problem_id"])        # its sha256 is the planted row's: redone
     other = tmp_path / "other"
     part = unit(other, "toy-pre_sub3") / "generations.partial.jsonl"
     part.parent.mkdir(parents=True)
-    part.write_text(json.dumps(planted) + "\n" + '{"config_sha256": "torn')
+    part.write_text(json.dumps(planted) + "\n" + json.dumps(damaged) + "\n" + '{"config_sha256": "torn')
     p = run(*args[1:], f"--run-dir={other}")
-    assert "resuming, 1 samples already generated" in p.stdout
+    assert "resuming, 1 samples already generated" in p.stdout and "2 row(s) torn, damaged" in p.stdout
     got = read_jsonl(unit(other, "toy-pre_sub3") / "samples.jsonl")
     assert got[0]["completion"] == "planted\nAnswer: 12345" and got[0]["extracted"] == "12345"
     assert [r["completion"] for r in got[1:]] == [r["completion"] for r in rows[1:]]   # the rest regenerated identically
