@@ -4,16 +4,29 @@ diagnostics.
 Reads every finished eval unit (`evals/<alias>/<benchmark>/<protocol>/`) and training run (`train/<run>/`, its
 reward and training seed from summary.json, else manifest args, else the name `<reward>-seed<S>`, else seed 42) of
 one campaign directory, each verified against its manifest, plus `raft/stats.json` when 07_raft has run and `gates/`
-when 01_gates has. Unfinished runs and units are reported as pending, never read. Writes `stats/`:
+when 01_gates has. A run 03 stopped for its --time-limit (summary.json `stopped: time_limit`, no manifest) is final up
+to its stop: its metrics and evaluated checkpoints are used, their sha256 recorded here. A run killed or still running
+contributes its per-step record to training.json only; its units, and unfinished units, are pending, never read.
+Runs are grouped into conditions (lib/report/conditions.py: identical settings but the seed); seeds are pooled within
+a condition only. Writes `stats/`:
 
     teacher_gains.json     π_post − π_pre on every benchmark/protocol both have; the teacher-gain gate
-    student_gains.json     every evaluated checkpoint − the student's init (paired, same seeds/problems); gain scan;
-                           by_reward: each training seed's latest evaluated checkpoint and the gain pooled over seeds
-                           (lib.report.stats.pooled_gain), one verdict per reward × benchmark × protocol, Holm-adjusted
+    student_gains.json     every evaluated checkpoint − the student's init (paired, same seeds/problems), and beside a
+                           seed-restricted pairing the naive one (`naive`, each side on all its seeds); gain scan;
+                           by_condition: each training seed's latest evaluated checkpoint and the gain pooled over the
+                           condition's seeds (lib.report.stats.pooled_gain), one verdict per condition × benchmark ×
+                           protocol, Holm-adjusted
     transfer.json          Direct-OPD runs only: student gain ÷ (π_post − π_pre) with the five guards, per checkpoint
     cap_sensitivity.json   π_post held to π_pre's max_new_tokens: over-cap-as-wrong and kept-only
     diagnostics.json       per unit: truncation, tokens, answer format, extraction/accuracy on truncated samples
-    training.json          per run: per-step curves of the DESIGN.md §7.4 metrics and the collapse watch
+    training.json          per run (status: finished, stopped by --stop-on-collapse or --time-limit, unfinished): its
+                           condition, per-step curves of the DESIGN.md §7.4 metrics, the collapse watch, and snapshots
+                           at its checkpoint steps and either side of a collapse onset
+    conditions.json        the conditions (settings, runs, seeds); the cross-condition summary, one row per condition ×
+                           benchmark at its primary protocol (gain, CI, onset and runaway steps, peak clip ratio,
+                           truncation; a training-only row for a condition without an evaluated checkpoint); the
+                           verdict of each of the pair's hypotheses (lib/registry.py HYPOTHESES), clause by clause
+    roster.json            every training run and eval unit: found / pending / skipped / canceled, with its reason
     raft.json              RAFT stage-1/SFT numbers passed through from raft/stats.json, and gate G2
     gates.json             the main pair's gates as 01_gates recorded them (gates/<gate>.json, gates/manifest.json)
     pending.json           training runs without manifest.json, unit folders not finished, last checkpoints not
@@ -37,10 +50,14 @@ from lib.artifacts import (ArtifactError, atomic_write_json, read_json, sha256_f
                            write_manifest)
 from lib.cli import ArgumentParser, HelpFormatter, nonnegative_int, positive_int
 from lib.errors import refuse_in_one_line
-from lib.registry import PAIRS, PROTOCOLS, STUDENTS
+from lib.registry import HYPOTHESES, PAIRS, PROTOCOLS, STUDENTS
 from lib.report import stats
-from lib.report.campaign import (CURVE_KEYS, check_same_benchmark, collapse_watch, diagnostics, earlier_runs, find_runs,
-                                 load_run, load_units, manifest_runs, pending_runs, pending_units, run_identity)
+from lib.report.campaign import (BUDGET_STOPPED, CURVE_KEYS, STOPPED_COLLAPSE, UNFINISHED, check_same_benchmark,
+                                 collapse_watch, diagnostics, earlier_runs, find_runs, find_stopped_runs, load_run,
+                                 load_stopped_run, load_unfinished, load_units, manifest_runs, pending_runs,
+                                 pending_units, run_identity, unfinished_dirs)
+from lib.report.conditions import build_conditions, run_settings, snapshots, summary_row
+from lib.report.hypotheses import evaluate
 
 # a changed input or a unit that cannot be paired is refused in one line naming it, not with a traceback
 refuse_in_one_line("05_stats", ArtifactError, stats.AlignmentError)
@@ -59,7 +76,11 @@ out_dir = run_dir / "stats"
 
 # --- inputs: units and runs, each verified against its manifest ---
 units = load_units(run_dir)
-runs = [load_run(run_dir, d) for d in find_runs(run_dir)]
+# finished runs, and runs 03 stopped for their --time-limit (final up to their stop: their checkpoints count)
+runs = [load_run(run_dir, d) for d in find_runs(run_dir)] + [load_stopped_run(run_dir, d)
+                                                             for d in find_stopped_runs(run_dir)]
+runs.sort(key=lambda r: r["name"])
+unfinished = [load_unfinished(run_dir, d) for d in unfinished_dirs(run_dir)]    # killed or running: training only
 pending = {"runs": pending_runs(run_dir), "units": [{"unit": u, "why": "unit folder without manifest.json (04_eval "
                                                     "still running or killed)"} for u in pending_units(run_dir)]}
 if not units and not runs:
@@ -69,11 +90,9 @@ for u in units:
     for f in ("samples.jsonl", "scores.json"):
         inputs[f"{u.rel}/{f}"] = u.manifest["outputs"][f]
     inputs[f"{u.rel}/manifest.json"] = sha256_file(u.dir / "manifest.json")
-for r in runs:
-    for f in ("metrics.jsonl", "summary.json"):
-        if f in r["manifest"]["outputs"]:
-            inputs[f"{r['rel']}/{f}"] = r["manifest"]["outputs"][f]
-    inputs[f"{r['rel']}/manifest.json"] = sha256_file(run_dir / r["rel"] / "manifest.json")
+for r in runs + unfinished:
+    for f, sha in r["files"].items():
+        inputs[f"{r['rel']}/{f}"] = sha
 
 
 def recorded_pairs() -> set[str]:
@@ -91,6 +110,15 @@ else:
     raise SystemExit(f"cannot tell the campaign's pair: recorded {sorted(pairs) or 'none'}; pass --pair NAME")
 pair = PAIRS[pair_name]
 print(f"05_stats: {run_dir} pair={pair_name} units={len(units)} runs={len(runs)}")
+
+# --- conditions: runs of identical settings but the seed (lib/report/conditions.py); only these are pooled ---
+conditions, condition_of = build_conditions([{"name": r["name"], "reward": r["reward"], "seed": r["seed"],
+                                              "status": r["status"], "settings": run_settings(r["settings"])}
+                                             for r in runs + unfinished])
+cond_by_id = {c["id"]: c for c in conditions}
+duplicate_of = {d["run"]: c["name"] for c in conditions for d in c["duplicate_seeds"]}
+for c in conditions:
+    print(f"  condition {c['name']} ({c['id']}): runs {', '.join(c['runs'])}")
 
 by_key = {(u.alias, u.benchmark, u.protocol): u for u in units}
 by_rel = {u.rel: u for u in units}
@@ -190,9 +218,16 @@ for u in units:
                                                           f"cannot be paired (02_baselines.py --models student)"})
         continue
     g = compare(base, u)
+    if g["audit"]["restricted"]:     # beside a seed-restricted pairing: the naive one on each side's own seeds
+        common = {r["problem_id"] for r in u.rows} & {r["problem_id"] for r in base.rows}
+        g["naive"] = stats.naive_gain(base.correct(), u.correct(), args.n_boot, args.seed, (base.rel, u.rel), common)
     run = finished.get(m["train_run"])
     reward, seed = (run["reward"], run["seed"]) if run else run_identity({}, None, m["train_run"])
+    # a checkpoint whose run folder is gone has no recorded settings: a condition of its own, never pooled
+    cid = condition_of.get(m["train_run"], f"unrecorded:{m['train_run']}")
+    cname = cond_by_id[cid]["name"] if cid in cond_by_id else f"{reward}+run-folder-absent={m['train_run']}"
     g.update(run=m["train_run"], step=int(m["train_step"]), student_init=init, reward=reward, training_seed=seed,
+             condition=cname, condition_id=cid,
              run_last_checkpoint=run["checkpoints"][-1] if run and run["checkpoints"] else None)
     student.append(g)
 student.sort(key=lambda g: (g["run"], g["step"], g["benchmark"], g["protocol"], g["alias_b"]))
@@ -214,29 +249,34 @@ for r in runs:
             pending["units"].append({"unit": f"evals/{r['name']}-step{r['checkpoints'][-1]}/{b}/{p}",
                                      "why": f"train/{r['name']}'s last checkpoint is not evaluated on {b}/{p} yet"})
 
-# --- per reward: each training seed's latest evaluated checkpoint, and the gain pooled over seeds ---
-by_reward = []
-for reward, b, p in sorted({(g["reward"], g["benchmark"], g["protocol"]) for g in student if g["latest"]}):
-    seeds = sorted((g for g in student
-                    if g["latest"] and (g["reward"], g["benchmark"], g["protocol"]) == (reward, b, p)),
+# --- per condition: each training seed's latest evaluated checkpoint, and the gain pooled over seeds ---
+# seeds are pooled only within a condition (identical settings but the seed); a second run of one condition and seed
+# (a duplicate: the same trained student twice) is left out and named in the roster
+by_condition = []
+for cid, b, p in sorted({(g["condition_id"], g["benchmark"], g["protocol"]) for g in student if g["latest"]}):
+    seeds = sorted((g for g in student if g["latest"] and g["run"] not in duplicate_of
+                    and (g["condition_id"], g["benchmark"], g["protocol"]) == (cid, b, p)),
                    key=lambda g: g["training_seed"])
-    entry = {"reward": reward, "benchmark": b, "protocol": p, "per_seed": seeds, "pooled": None,
-             "training_seeds": [g["training_seed"] for g in seeds], "steps": [g["step"] for g in seeds]}
+    entry = {"condition": seeds[0]["condition"], "condition_id": cid, "reward": seeds[0]["reward"], "benchmark": b,
+             "protocol": p, "per_seed": seeds, "pooled": None, "training_seeds": [g["training_seed"] for g in seeds],
+             "steps": [g["step"] for g in seeds]}
     if len(seeds) > 1:
-        pairs = [(by_key_unit(g["unit_a"]).correct(), by_key_unit(g["unit_b"]).correct()) for g in seeds]
-        entry["pooled"] = stats.pooled_gain(pairs, args.n_boot, args.seed, [(g["unit_a"], g["unit_b"]) for g in seeds])
+        paired = [(by_key_unit(g["unit_a"]).correct(), by_key_unit(g["unit_b"]).correct()) for g in seeds]
+        entry["pooled"] = stats.pooled_gain(paired, args.n_boot, args.seed, [(g["unit_a"], g["unit_b"]) for g in seeds])
     decided = entry["pooled"] or seeds[0]
     entry["decision"] = {"on": "pooled" if entry["pooled"] else f"seed {seeds[0]['training_seed']}",
                          **{k: decided[k] for k in ("gain_pp", "ci95_pp", "p", "p_str", "ci_excludes_0")}}
-    by_reward.append(entry)
-# one verdict per (reward, benchmark, protocol): the family whose p-values are Holm-adjusted
-for e, p_adj in zip(by_reward, stats.holm([e["decision"]["p"] for e in by_reward])):
+    by_condition.append(entry)
+by_condition.sort(key=lambda e: (e["condition"], e["benchmark"], e["protocol"]))
+# one verdict per (condition, benchmark, protocol): the family whose p-values are Holm-adjusted
+for e, p_adj in zip(by_condition, stats.holm([e["decision"]["p"] for e in by_condition])):
     d = e["decision"]
     d["p_holm"] = p_adj
     d["verdict"] = stats.verdict(d) if p_adj < stats.ALPHA else stats.NOT_SIGNIFICANT
-    print(f"  {e['reward']} {e['benchmark']}/{e['protocol']} seeds {e['training_seeds']}: {d['on']} "
+    print(f"  {e['condition']} {e['benchmark']}/{e['protocol']} seeds {e['training_seeds']}: {d['on']} "
           f"{stats.format_gain(d)} Holm p={p_adj:.4f} → {d['verdict']}")
-family = {"n_verdicts": len(by_reward), "n_gains_tested": len(student), "adjustment": "holm", "alpha": stats.ALPHA}
+family = {"n_verdicts": len(by_condition), "n_gains_tested": len(student), "adjustment": "holm",
+          "alpha": stats.ALPHA}
 
 # --- transfer ratio: student gain ÷ the pair's teacher gain on the same benchmark and sampling ---
 transfer = []
@@ -305,8 +345,10 @@ def finite(x):
 
 
 training = []
-for r in runs:
+for r in runs + unfinished:
     met, summ = r["metrics"], r["summary"]
+    if not met:                       # an unfinished run that logged no step yet: in the roster only
+        continue
     watch = collapse_watch(met)
     curves = {k: [[m["step"], finite(m.get(k))] for m in met] for k in CURVE_KEYS if any(k in m for m in met)}
     wr = [finite(m.get("delta_opd/weighted_reward_mean")) for m in met]
@@ -315,17 +357,51 @@ for r in runs:
     # the trainer's own live watch (summary.json: longest_clip90_run, a length) must agree with the metrics
     mine = {k: watch[k] for k in ("collapse_onset_step", "length_runaway_step", "longest_clip90_run")}
     recorded = {k: summ[k] for k in mine if k in summ}
+    cid = condition_of[r["name"]]
     training.append({
         "run": r["name"], "dir": r["rel"], "pair": summ.get("pair"), "reward": r["reward"], "seed": r["seed"],
-        "student": summ.get("student"), "steps_planned": summ.get("steps"), "steps_logged": len(met),
+        "status": r["status"], "condition": cond_by_id[cid]["name"], "condition_id": cid,
+        "student": summ.get("student"), "steps_planned": summ.get("steps", (r["settings"] or {}).get("steps")),
+        "steps_logged": len(met),
         "first_step": met[0]["step"], "last_step": met[-1]["step"], "checkpoints": r["checkpoints"],
         "watch": watch, "summary_watch": recorded,
         "watch_agrees": all(recorded[k] == mine[k] for k in recorded),
         "weighted_reward": {"first": wr[0] if wr else None, "last": wr[-1] if wr else None,
                             "n_negative": sum(x < 0 for x in wr), "n": len(wr)},
+        "step1_weighted_reward": (finite(met[0].get("delta_opd/weighted_reward_mean")) if met[0]["step"] == 1
+                                  else None),
         "grad_norm_peak": {"value": max(gn)[0], "step": max(gn)[1]} if gn else None,
+        "snapshots": snapshots(met, r["checkpoints"], watch["collapse_onset_step"]),
         "curves": curves})
     print(f"  run {r['name']}: {len(met)} steps, onset {watch['collapse_onset_step']}, band {watch['collapse_band']}")
+
+# --- the cross-condition summary: one row per condition × benchmark (at its primary protocol) ---
+# the decision row of each (condition, benchmark): the pair's first protocol for the benchmark, else the first
+primary = {}
+for b, p in list(pair.evals) + [(e["benchmark"], e["protocol"]) for e in by_condition]:
+    primary.setdefault(b, p)
+trunc_of = {d["unit"]: d["truncation_pct"] for d in diag}
+cross = []
+for c in conditions:
+    c_runs = [t for t in training if t["condition_id"] == c["id"]]
+    rows = [e for e in by_condition if e["condition_id"] == c["id"] and e["protocol"] == primary[e["benchmark"]]]
+    if not rows and not c_runs:
+        continue
+    for e in rows or [None]:
+        trunc = [trunc_of[g["unit_b"]] for g in e["per_seed"]] if e else []
+        cross.append(summary_row(c, c_runs, e, trunc))
+for row in cross:
+    d = row["decision"]
+    print(f"  summary {row['condition']} {row['benchmark'] or '(training only)'}: "
+          f"{stats.format_gain(d) + ' → ' + d['verdict'] if d else 'no evaluated checkpoint'}; onsets "
+          f"{row['onset_steps']}, runaway {row['runaway_steps']}, peak clip {row['peak_clip_ratio']}")
+
+# --- hypotheses of the pair (lib/registry.py HYPOTHESES), clause by clause (lib/report/hypotheses.py) ---
+hypotheses = [evaluate(h, conditions, training, cross, gate) for h in HYPOTHESES if h.pair == pair_name]
+for h in hypotheses:
+    why = [c for c in h["clauses"] if c["result"] != "holds"]
+    print(f"  hypothesis {h['name']}: {h['verdict']}" + "".join(f"\n    clause {c['clause']} ({c['text']}): "
+                                                               f"{c['result']} — {c['detail']}" for c in why))
 
 # --- RAFT (07_raft writes raft/stats.json; keys documented in 06_report.py's RAFT section) ---
 raft = {"present": False}
@@ -382,12 +458,58 @@ if (out_dir / "ledger.json").exists() and (out_dir / "manifest.json").exists():
 current = manifest_runs(run_dir, exclude=("report",))
 ledger = {"runs": sorted(current + earlier_runs(previous, current), key=lambda r: (r["dir"], r["started"] or ""))}
 
+# --- the roster: every training run and eval unit, found / pending / skipped / canceled, with its reason ---
+roster = {}
+for t in training:
+    last, planned, cond = t["last_step"], t["steps_planned"], t["condition"]
+    if t["run"] in duplicate_of:
+        first = next(c for c in conditions if c["id"] == t["condition_id"])["runs"]
+        roster[t["dir"]] = ("training run", "skipped", f"condition {cond}, seed {t['seed']}: the same condition and "
+                                                       f"seed as train/{first[0]}, so not pooled twice")
+    elif t["status"] == UNFINISHED:
+        roster[t["dir"]] = ("training run", "pending", f"no manifest.json (killed or still running): {last} of "
+                                                       f"{planned or '?'} steps logged; its per-step record is shown")
+    else:
+        roster[t["dir"]] = ("training run", "found", f"{t['status']} after step {last} of {planned or '?'}; "
+                                                     f"condition {cond}, seed {t['seed']}")
+    rest = f"{t['dir']} steps {last + 1}–{planned}"
+    if planned and last < planned and t["status"] == STOPPED_COLLAPSE:
+        roster[rest] = ("training steps", "canceled", f"--stop-on-collapse: collapse onset at step "
+                                                      f"{t['watch']['collapse_onset_step']}, the run saved and stopped")
+    elif planned and last < planned and t["status"] == BUDGET_STOPPED:
+        roster[rest] = ("training steps", "pending", "stopped by --time-limit; rerunning the same command continues "
+                                                     "the run from its last checkpoint")
+for r in pending["runs"]:           # an unfinished run that logged no complete step yet
+    roster.setdefault(r["dir"], ("training run", "pending", "no manifest.json (killed or still running), no complete "
+                                                            "step logged"))
+paired_with = {g["unit_b"]: g for g in student}
+unpaired = {m["unit"] for m in missing}
+for d in diag:
+    if d["unit"] in paired_with:
+        g = paired_with[d["unit"]]
+        roster[d["unit"]] = ("eval unit", "skipped" if g["run"] in duplicate_of else "found",
+                             f"checkpoint of train/{g['run']} step {g['step']}, paired with {g['unit_a']}" +
+                             (" (a duplicate seed of its condition: not pooled)" if g["run"] in duplicate_of else ""))
+    elif d["unit"] in unpaired:
+        roster[d["unit"]] = ("eval unit", "skipped", "no comparable student-init unit to pair it with (pending)")
+    else:
+        roster[d["unit"]] = ("eval unit", "found", {"pi_pre": "π_pre", "pi_post": "π_post", "student_init": "the "
+                             "student's init", "raft_teacher": "the RAFT teacher (gate G2)", "checkpoint": "checkpoint",
+                             "other": "a model outside the pair: diagnostics only"}[d["role"]])
+for u in pending["units"]:
+    roster[u["unit"]] = ("eval unit", "pending", u["why"])
+roster = [{"item": k, "kind": v[0], "status": v[1], "reason": v[2]} for k, v in sorted(roster.items())]
+counts = {st: sum(r["status"] == st for r in roster) for st in ("found", "pending", "skipped", "canceled")}
+print("  roster: " + ", ".join(f"{n} {st}" for st, n in counts.items()))
+
 # --- write ---
 for name, obj in {
     "teacher_gains.json": {"pair": pair_name, "pi_pre": pair.pi_pre, "pi_post": pair.pi_post, "gate": gate,
                            "gains": teacher, "n_boot": args.n_boot, "seed": args.seed},
     "student_gains.json": {"pair": pair_name, "gains": student, "scan": scan, "missing_baselines": missing,
-                           "by_reward": by_reward, "family": family},
+                           "by_condition": by_condition, "family": family},
+    "conditions.json": {"pair": pair_name, "conditions": conditions, "summary": cross, "hypotheses": hypotheses},
+    "roster.json": {"counts": counts, "items": roster},
     "pending.json": pending,
     "gates.json": gates,
     "ledger.json": ledger,
@@ -402,6 +524,6 @@ write_manifest(out_dir, stage="05_stats", script=__file__, args=vars(args),
                inputs={k: {"path": k, "sha256": v} for k, v in sorted(inputs.items())},
                outputs=["teacher_gains.json", "student_gains.json", "transfer.json",   # relative to out_dir
                         "cap_sensitivity.json", "diagnostics.json", "training.json", "raft.json",
-                        "pending.json", "gates.json", "ledger.json"],
+                        "pending.json", "gates.json", "ledger.json", "conditions.json", "roster.json"],
                started=started, wall_s=time.monotonic() - t0, extra={"pair": pair_name})
 print(f"05_stats: wrote {out_dir}")

@@ -5,12 +5,15 @@ recorded, and sums the time ledger from every manifest.json under the campaign d
 earlier runs whose manifests a rerun overwrote (kept by 05_stats in stats/ledger.json).
 Writes `report/`:
 
-    README.md          TL;DR generated from the numbers (the verdict per reward on its latest evaluated checkpoint,
+    README.md          TL;DR generated from the numbers (the verdict per condition on its latest evaluated checkpoint,
                        pooled over training seeds, Holm-adjusted), then tables: teacher gains and the gate, the main
-                       pair's gates (01_gates), training dynamics and the collapse watch, student gain per checkpoint,
-                       per reward each seed and the pooled gain, the Direct-OPD transfer ratio (five guards), gain
-                       scan, per-unit diagnostics, answer-format split, truncation, cap sensitivity, RAFT, alignment
-                       audit, time ledger (reruns included), pending runs and units. Each table names its source.
+                       pair's gates (01_gates), training dynamics and the collapse watch, the conditions, the
+                       cross-condition summary, per-step snapshots, student gain per checkpoint, per condition each
+                       seed and the pooled gain, the naive comparison beside the paired one, the hypotheses' verdicts
+                       clause by clause, the Direct-OPD transfer ratio (five guards), gain scan, per-unit diagnostics,
+                       answer-format split, truncation, cap sensitivity, RAFT, alignment audit, time ledger (reruns
+                       included), pending runs and units, the roster of every run and unit. Each table names its
+                       source.
     figures/*.png      teacher gains, student gain per checkpoint (collapse band shaded), teacher vs student gain,
                        training curves per run, answer-format split, RAFT loss
     MANIFEST.json      every input file (relative to the campaign directory) with its sha256
@@ -42,7 +45,7 @@ from lib.report.campaign import earlier_runs, find_runs, find_units, manifest_ru
 from lib.report.stats import format_gain, verdict
 
 STATS = ("teacher_gains", "student_gains", "transfer", "cap_sensitivity", "diagnostics", "training", "raft", "pending",
-         "gates", "ledger")
+         "gates", "ledger", "conditions", "roster")
 # what each reward is, in its own terms: classic OPD has one teacher, Direct-OPD rewards the π_post − π_pre shift
 REWARD_NAMES = {"opd": "classic OPD, one teacher", "delta-sampled": "Direct-OPD, sampled-token shift reward",
                 "delta-topk": "Direct-OPD, weighted top-K shift reward"}
@@ -133,7 +136,7 @@ def slug(s: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", s)
 
 
-T, SG, TR, CAP, DG, TRN, RAFT, PEND, GATES, LEDGER = (S[k] for k in STATS)
+T, SG, TR, CAP, DG, TRN, RAFT, PEND, GATES, LEDGER, COND, ROSTER = (S[k] for k in STATS)
 teacher, student, ratios, runs, diag = T["gains"], SG["gains"], TR["ratios"], TRN["runs"], DG["units"]
 diag_by_unit = {d["unit"]: d for d in diag}
 gate = T["gate"]
@@ -163,24 +166,25 @@ else:
     tldr.append("Gates (01_gates): " + ("pending (gates/ has no manifest.json yet)." if GATES.get("pending")
                                         else "not run in this campaign directory."))
 scan, fam = SG["scan"], SG["family"]
-# (reward, benchmark) → its verdict row: the primary protocol, else the first evaluated
+# (condition, benchmark) → its verdict row: the primary protocol, else the first evaluated
 decided = {}
-for e in SG["by_reward"]:
-    k = (e["reward"], e["benchmark"])
+for e in SG["by_condition"]:
+    k = (e["condition"], e["benchmark"])
     if k not in decided or (e["protocol"] == primary.get(e["benchmark"]) != decided[k]["protocol"]):
         decided[k] = e
-decided = sorted(decided.values(), key=lambda e: (e["reward"], e["benchmark"]))
+decided = sorted(decided.values(), key=lambda e: (e["condition"], e["benchmark"]))
 for e in decided:
     d, seeds = e["decision"], e["training_seeds"]
     steps = sorted(set(e["steps"]))
     on = (f"pooled over training seeds {', '.join(map(str, seeds))}" if e["pooled"] else f"training seed {seeds[0]}")
-    tldr.append(f"`{e['reward']}` ({REWARD_NAMES.get(e['reward'], e['reward'])}) on {e['benchmark']}/{e['protocol']}, "
-                f"latest evaluated checkpoint (step {', '.join(map(str, steps))}), {on}: gain {format_gain(d)}, "
+    tldr.append(f"`{e['condition']}` ({REWARD_NAMES.get(e['reward'], e['reward'])}) on "
+                f"{e['benchmark']}/{e['protocol']}, latest evaluated checkpoint (step {', '.join(map(str, steps))}), "
+                f"{on}: gain {format_gain(d)}, "
                 f"Holm-adjusted p = {d['p_holm']:.4f} → **{d['verdict']}**.")
 if student:
-    tldr.append(f"Multiple comparisons: {fam['n_verdicts']} verdicts are drawn (one per reward × benchmark × protocol "
-                f"at the latest evaluated checkpoint, pooled over seeds where there are several), their p-values "
-                f"Holm-adjusted, a verdict needing adjusted p < {fam['alpha']} and a CI excluding 0. In all "
+    tldr.append(f"Multiple comparisons: {fam['n_verdicts']} verdicts are drawn (one per condition × benchmark × "
+                f"protocol at the latest evaluated checkpoint, pooled over seeds where there are several), their "
+                f"p-values Holm-adjusted, a verdict needing adjusted p < {fam['alpha']} and a CI excluding 0. In all "
                 f"{scan['n']} paired student gains were tested (every evaluated checkpoint); unadjusted, "
                 f"{scan['positive_significant']} have a CI above 0 and {scan['negative_significant']} below 0.")
 elif evaluated := sorted({(d["train_run"], d["train_step"]) for d in diag if d["role"] == "checkpoint"}):
@@ -199,6 +203,8 @@ if latest_ratios:
     tldr.append("Direct-OPD transfer ratio (student gain ÷ π_post − π_pre) at the latest evaluated checkpoint — "
                 + "; ".join(shown) + ".")
 for r in runs:
+    if r["status"] == "unfinished":  # killed or still running: counted under Pending
+        continue
     w = r["watch"]
     tldr.append(f"Run `{r['run']}` ({r['steps_logged']} steps): " +
                 (f"termination collapse, onset step {w['collapse_onset_step']} (band {w['collapse_band'][0]}–"
@@ -206,6 +212,11 @@ for r in runs:
                  f"no collapse (peak clip ratio {num(w['peak_clip_ratio'])})") +
                 f"; {REWARD_SHORT.get(r['reward'], 'reward')} mean negative on {r['weighted_reward']['n_negative']} "
                 f"of {r['weighted_reward']['n']} steps.")
+if COND["hypotheses"]:
+    tldr.append("Hypotheses of pair `" + COND["pair"] + "` (§3.3): " + "; ".join(
+        f"`{h['name']}` **{h['verdict']}**" + (f" (clause {', '.join(map(str, h['failing']))} fails)" if h["failing"]
+                                               else f" (clause {', '.join(map(str, h['missing']))} undecided)"
+                                               if h["missing"] else "") for h in COND["hypotheses"]) + ".")
 for v in CAP["views"]:
     if (v["benchmark"], v["protocol"]) == (gate["benchmark"], gate["protocol"]):
         tldr.append(f"Cap sensitivity on {v['benchmark']}/{v['protocol']}: π_post held to π_pre's {v['cap']} tokens, "
@@ -303,15 +314,57 @@ for r in runs:
     band = f"{w['collapse_band'][0]}–{w['collapse_band'][1]}" if w["collapse_band"] else "—"
     c90 = f"{w['longest_clip90_span'][0]}–{w['longest_clip90_span'][1]}" if w["longest_clip90_span"] else "—"
     gn = r["grad_norm_peak"]
-    rows.append([r["run"], r["reward"] or "—", r["seed"], r["steps_logged"], num(w["collapse_onset_step"]),
-                 num(w["length_runaway_step"]), band, c90, num(w["peak_clip_ratio"]), num(wr["first"], 4),
-                 num(wr["last"], 4), f"{wr['n_negative']}/{wr['n']}", num(kl[0]), num(kl[1]), num(ent[0]), num(ent[1]),
+    rows.append([r["run"], r["reward"] or "—", r["seed"], r["status"], r["steps_logged"],
+                 num(w["collapse_onset_step"]), num(w["length_runaway_step"]), band, c90, num(w["peak_clip_ratio"]),
+                 num(wr["first"], 4), num(wr["last"], 4), f"{wr['n_negative']}/{wr['n']}", num(kl[0]), num(kl[1]),
+                 num(ent[0]), num(ent[1]),
                  f"{num(gn['value'], 2)} @ {gn['step']}" if gn else "—", "yes" if r["watch_agrees"] else "**NO**"])
-table(["run", "reward", "training seed", "steps", "onset", "runaway", "band", "clip>0.9 span", "peak clip",
+table(["run", "reward", "training seed", "status", "steps", "onset", "runaway", "band", "clip>0.9 span", "peak clip",
        "reward mean first", "reward mean last", "reward mean < 0", "KL coef first", "KL coef last", "entropy first",
        "entropy last", "grad-norm peak", "summary.json agrees"], rows, "`stats/training.json`")
 for r in runs:
     figure(figures.training_curves(r, fig_dir / f"training_{slug(r['run'])}.png"), f"training curves {r['run']}")
+
+
+def steps_list(xs) -> str:
+    """A per-seed list of steps (None: the event did not occur), e.g. `28, —, 30`."""
+    return ", ".join("—" if x is None else str(x) for x in xs) or "—"
+
+
+# --- 2.1 conditions ---
+L += ["### 2.1 Conditions", "",
+      "A condition is a set of training runs whose recorded settings are identical but for the training seed and "
+      "bookkeeping (paths, launcher, logger, time budget); only seeds of one condition are pooled. Its name is the "
+      "reward plus the settings in which it differs from the other conditions of that reward; the id hashes its "
+      "settings.", ""]
+table(["condition", "id", "reward", "runs", "training seeds", "status"],
+      [[f"`{c['name']}`", f"`{c['id']}`", c["reward"], ", ".join(c["runs"]), ", ".join(map(str, c["seeds"])),
+        "; ".join(f"{k}: {v}" for k, v in sorted(c["statuses"].items()))] for c in COND["conditions"]],
+      "`stats/conditions.json`")
+
+# --- 2.2 the cross-condition summary ---
+L += ["### 2.2 Cross-condition summary — one row per condition × benchmark", "",
+      "The benchmark's primary protocol; the gain is the condition's decision row of §3.1 (pooled over its seeds). "
+      "Onset and runaway steps are listed per run of the condition (— where the watch never fired); truncation is "
+      "the share of each seed's evaluated checkpoint samples that hit the cap, averaged over seeds. A condition "
+      "without an evaluated checkpoint (stopped, killed, budget-stopped) has one training-only row.", ""]
+table(["condition", "benchmark", "protocol", "runs", "gain (pp)", "95 % CI", "Holm p", "verdict", "onset steps",
+       "runaway steps", "collapsed", "peak clip", "eval truncation %"],
+      [[f"`{x['condition']}`", x["benchmark"] or "(training only)", x["protocol"] or "—", len(x["runs"]),
+        pp(x["decision"]["gain_pp"]) if x["decision"] else "—", ci(x["decision"]["ci95_pp"]) if x["decision"] else "—",
+        num(x["decision"]["p_holm"], 4) if x["decision"] else "—", x["decision"]["verdict"] if x["decision"] else "—",
+        steps_list(x["onset_steps"]), steps_list(x["runaway_steps"]), f"{x['n_collapsed']}/{len(x['runs'])}",
+        num(x["peak_clip_ratio"]), pct(x["mean_truncation_pct"])] for x in COND["summary"]],
+      "`stats/conditions.json` (summary)")
+
+# --- 2.3 per-step snapshots ---
+L += ["### 2.3 Per-step snapshots", "",
+      "Each run's metrics at its checkpoint steps and at the steps before, at and after a collapse onset.", ""]
+table(["run", "step", "shown at", "mean length", "clip ratio", "reward mean", "KL coef", "entropy", "grad norm"],
+      [[r["run"], x["step"], ", ".join(x["why"]), num(x["response_length/mean"], 2),
+        num(x["response_length/clip_ratio"]), num(x["delta_opd/weighted_reward_mean"], 4), num(x["actor/kl_coef"]),
+        num(x["actor/entropy"]), num(x["actor/grad_norm"], 2)] for r in runs for x in r["snapshots"]],
+      "`stats/training.json` (snapshots, from each run's metrics.jsonl)")
 
 # --- 3. student gains ---
 L += ["## 3. Student gain per checkpoint", "",
@@ -345,24 +398,48 @@ for bench, proto in sorted({(g["benchmark"], g["protocol"]) for g in student}):
     figure(figures.student_curve(series, {k: bands.get(k) for k in series}, f"student gain — {bench}/{proto}",
                                  fig_dir / f"student_gain_{slug(bench)}_{slug(proto)}.png"), f"student gain {bench}")
 
-# --- 3.1 per reward: training seeds and the pooled gain ---
-L += ["### 3.1 Per reward: each training seed's latest evaluated checkpoint, and the pooled gain", "",
+# --- 3.1 per condition: training seeds and the pooled gain ---
+L += ["### 3.1 Per condition: each training seed's latest evaluated checkpoint, and the pooled gain", "",
       "Pooled = per problem the mean over training seeds of the paired difference (checkpoint − init), bootstrapped "
       f"over problems. Holm adjusts the p of the {fam['n_verdicts']} verdict rows (pooled where there are several "
       "seeds, else the one seed); a verdict needs adjusted p < 0.05 and a CI excluding 0.", ""]
 rows = []
-for e in SG["by_reward"]:
+for e in SG["by_condition"]:
     for g in e["per_seed"]:
-        rows.append([e["reward"], e["benchmark"], e["protocol"], f"seed {g['training_seed']}", g["step"],
+        rows.append([f"`{e['condition']}`", e["benchmark"], e["protocol"], f"seed {g['training_seed']}", g["step"],
                      pct(g["acc_a"], 2), pct(g["acc_b"], 2), pp(g["gain_pp"]), ci(g["ci95_pp"]), g["p_str"], "—",
                      verdict(g)])
     d = e["decision"]
     src = e["pooled"] or e["per_seed"][0]
-    rows.append([e["reward"], e["benchmark"], e["protocol"], f"**{d['on']}** (decides)", "—", pct(src["acc_a"], 2),
-                 pct(src["acc_b"], 2), pp(d["gain_pp"]), ci(d["ci95_pp"]), d["p_str"], f"{d['p_holm']:.4f}",
-                 f"**{d['verdict']}**"])
-table(["reward", "benchmark", "protocol", "row", "step", "init acc", "ckpt acc", "gain (pp)", "95 % CI", "p", "Holm p",
-       "verdict"], rows, "`stats/student_gains.json` (by_reward)")
+    rows.append([f"`{e['condition']}`", e["benchmark"], e["protocol"], f"**{d['on']}** (decides)", "—",
+                 pct(src["acc_a"], 2), pct(src["acc_b"], 2), pp(d["gain_pp"]), ci(d["ci95_pp"]), d["p_str"],
+                 f"{d['p_holm']:.4f}", f"**{d['verdict']}**"])
+table(["condition", "benchmark", "protocol", "row", "step", "init acc", "ckpt acc", "gain (pp)", "95 % CI", "p",
+       "Holm p", "verdict"], rows, "`stats/student_gains.json` (by_condition)")
+
+# --- 3.2 the naive comparison beside the paired one ---
+L += ["### 3.2 Naive comparison beside the paired one", "",
+      "Where a checkpoint unit has fewer seeds than the init's (a curve unit against the 32-seed baseline), the paired "
+      "gain above restricts the init to the checkpoint's seeds. The naive comparison takes each side's per-problem "
+      "accuracy over all its own seeds (paired in problems, unpaired in samples): not the estimand, shown so the "
+      "restriction can be seen not to make the result.", ""]
+table(["run", "step", "benchmark", "protocol", "paired gain", "paired CI", "init seeds paired", "naive gain",
+       "naive CI", "init seeds naive"],
+      [[g["run"], g["step"], g["benchmark"], g["protocol"], pp(g["gain_pp"]), ci(g["ci95_pp"]), g["n_seeds"],
+        pp(g["naive"]["gain_pp"]), ci(g["naive"]["ci95_pp"]), g["naive"]["seeds_a"]] for g in student if "naive" in g],
+      "`stats/student_gains.json` (naive)")
+
+# --- 3.3 hypotheses ---
+L += ["### 3.3 Hypotheses", "",
+      "Declared with the pairs (lib/registry.py `HYPOTHESES`), evaluated clause by clause on the records above "
+      "(lib/report/hypotheses.py): a hypothesis holds when every clause holds, fails when any clause fails, and is "
+      "undecided otherwise.", ""]
+for h in COND["hypotheses"]:
+    L += [f"**`{h['name']}`** — {h['claim']}" + (f" (source: {h['source']})" if h["source"] else "") +
+          f": **{h['verdict']}**.", ""]
+table(["hypothesis", "clause", "result", "what it says", "measured"],
+      [[f"`{h['name']}`", c["clause"], f"**{c['result']}**", cell(c["text"]), cell(c["detail"])]
+       for h in COND["hypotheses"] for c in h["clauses"]], "`stats/conditions.json` (hypotheses)")
 
 # --- 4. transfer ratio ---
 L += ["## 4. Transfer ratio of the Direct-OPD runs (five guards)", "",
@@ -516,6 +593,12 @@ if PEND["runs"] or PEND["units"]:
           [[f"`{u['unit']}`", "eval unit", u["why"]] for u in PEND["units"]], "`stats/pending.json`")
 else:
     L += ["Nothing pending: every training run and eval unit found is finished.", ""]
+
+L += ["### 9.1 Roster: every training run and eval unit", "",
+      "found = read and used; pending = not finished or not yet run; skipped = found but left out (the reason says "
+      "why); canceled = training steps a --stop-on-collapse stop will never run.", ""]
+table(["item", "kind", "status", "reason"],
+      [[f"`{r['item']}`", r["kind"], r["status"], cell(r["reason"])] for r in ROSTER["items"]], "`stats/roster.json`")
 
 # --- 10. reproduction ---
 L += ["## 10. Rebuilding this report", "",

@@ -146,3 +146,50 @@ PAIRS = {
     "shape-1.5b": Pair("shape-1.5b-pre", "shape-1.5b-post", "shape-1.5b", "math_train",
                        note="random weights, real Qwen2.5-1.5B shapes: GPU speed runs only"),
 }
+
+
+# --- hypotheses (DESIGN.md §6): what a campaign on a pair claims, as clauses 05_stats evaluates on its records ---
+
+@dataclass(frozen=True)
+class Clause:
+    """One testable clause. `kind` is what it measures (lib/report/hypotheses.py evaluates each kind):
+
+        teacher_gate      the pair's teacher-gain gate passes
+        no_collapse       no run of the selected conditions has clip ratio > 0.5 through `through_step` (None: the
+                          runs' planned last step, which every run must have reached)
+        collapse          every run of the selected conditions has a collapse onset
+        reward_negative   every run's weighted reward mean is negative at step 1 (the source's collapse premise)
+        gain              a pooled gain whose CI excludes 0 (Holm-adjusted) on at least `min_benchmarks` benchmarks
+
+    `where` selects conditions by their settings, as (setting, value) pairs (e.g. (("reward", "opd"),)); a `gain`
+    clause must select exactly one condition."""
+    kind: str
+    where: tuple = ()
+    through_step: int | None = None
+    min_benchmarks: int = 1
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    name: str
+    pair: str
+    claim: str
+    clauses: tuple
+    source: str = ""                  # the source campaign's hypothesis it restates, if any
+
+
+_OPD, _SAMPLED, _TOPK = (("reward", "opd"),), (("reward", "delta-sampled"),), (("reward", "delta-topk"),)
+HYPOTHESES = (
+    Hypothesis("toy-premise", "toy", "the toy shift π_post − π_pre carries a held-out capability",
+               (Clause("teacher_gate"),), "the teacher-gain gate"),
+    Hypothesis("toy-opd", "toy", "classic OPD from π_post trains without collapse and transfers a gain",
+               (Clause("no_collapse", _OPD), Clause("gain", _OPD))),
+    Hypothesis("toy-topk", "toy", "Direct-OPD (weighted top-K shift reward) on the on-support toy shift trains without "
+               "collapse and transfers a gain", (Clause("no_collapse", _TOPK), Clause("gain", _TOPK)), "H1"),
+    Hypothesis("toy-sampled", "toy", "Direct-OPD (sampled-token shift reward) on the on-support toy shift trains "
+               "without collapse and transfers a gain", (Clause("no_collapse", _SAMPLED), Clause("gain", _SAMPLED)),
+               "H1"),
+    Hypothesis("toy-sink", "toy", "the source's termination sink reproduces on the main toy pair: the step-1 shift "
+               "reward is negative and the run collapses",
+               (Clause("reward_negative", _TOPK), Clause("collapse", _TOPK)), "the collapse of H1-H5"),
+)

@@ -220,6 +220,200 @@ def holm_step_down(ps):
     return adj
 
 
+# --- conditions, the cross-condition summary, snapshots, the naive comparison, hypotheses, the roster: recomputed ---
+
+# what 03 records that does not make a condition (the seed; where it writes, how it is launched, logged, stopped for
+# time), written out here rather than imported
+NOT_IDENTITY = {"seed", "resume", "nproc", "time_limit", "logger", "wandb_project", "keep_last", "peak_tflops",
+                "save_every", "run_dir", "run_name", "logprob_gap_every", "vllm_sleep"}
+
+
+def run_metrics(campaign, run):
+    """train/<run>/metrics.jsonl as rows, a torn last line dropped."""
+    rows = []
+    for ln in (campaign / "train" / run / "metrics.jsonl").read_text().splitlines():
+        try:
+            rows.append(json.loads(ln))
+        except json.JSONDecodeError:
+            pass
+    return rows
+
+
+def watch_of(rows):
+    """(onset, runaway, peak clip) straight from the per-step rows (DESIGN.md §7.5)."""
+    onset = next((r["step"] for r in rows if r["response_length/clip_ratio"] > 0.5), None)
+    runaway = next((r["step"] for r in rows if r["response_length/mean"] > 2 * rows[0]["response_length/mean"]), None)
+    return onset, runaway, max(r["response_length/clip_ratio"] for r in rows)
+
+
+def run_args(campaign, run):
+    """The settings a run recorded: its manifest's args, else its resume state's, else None."""
+    t = campaign / "train" / run
+    if (t / "manifest.json").exists():
+        return read_json(t / "manifest.json")["args"]
+    if (t / "resume" / "loop_state.json").exists():
+        return read_json(t / "resume" / "loop_state.json")["args"]
+    return None
+
+
+def identity(campaign, run):
+    args = run_args(campaign, run)
+    return None if args is None else json.dumps({k: v for k, v in args.items() if k not in NOT_IDENTITY},
+                                                sort_keys=True)
+
+
+def check_conditions(campaign):
+    """Seeds are pooled only within identical settings: every by_condition entry's runs share one identity (read from
+    their manifests / resume states), and runs of different identities never share a condition."""
+    SG = read_json(campaign / "stats" / "student_gains.json")
+    C = read_json(campaign / "stats" / "conditions.json")
+    for e in SG["by_condition"]:
+        ids = {identity(campaign, g["run"]) for g in e["per_seed"]}
+        assert len(ids) == 1 and None not in ids or len(e["per_seed"]) == 1, \
+            f"{e['condition']} pools runs of different settings: {[g['run'] for g in e['per_seed']]}"
+        if e["pooled"]:
+            assert e["pooled"]["n_training_seeds"] == len(e["per_seed"])
+    runs = sorted(p.name for p in (campaign / "train").iterdir() if p.is_dir())
+    groups = {}
+    for r in runs:
+        groups.setdefault(identity(campaign, r) or f"none:{r}", []).append(r)
+    assert sorted(sorted(c["runs"]) for c in C["conditions"]) == sorted(sorted(g) for g in groups.values())
+    names = [c["name"] for c in C["conditions"]]
+    assert len(set(names)) == len(names)
+    return C
+
+
+def check_summary(campaign):
+    """One row per condition × benchmark at the primary protocol: gain from its decision, the watch from metrics.jsonl,
+    truncation from the checkpoint units' samples."""
+    SG = read_json(campaign / "stats" / "student_gains.json")
+    C = read_json(campaign / "stats" / "conditions.json")
+    for x in C["summary"]:
+        cond = next(c for c in C["conditions"] if c["id"] == x["condition_id"])
+        watches = [watch_of(run_metrics(campaign, r)) for r in cond["runs"] if run_metrics(campaign, r)]
+        assert x["onset_steps"] == [w[0] for w in watches] and x["runaway_steps"] == [w[1] for w in watches]
+        assert x["peak_clip_ratio"] == max(w[2] for w in watches)
+        assert x["n_collapsed"] == sum(w[0] is not None for w in watches)
+        e = [e for e in SG["by_condition"] if e["condition_id"] == x["condition_id"] and e["protocol"] == "sample4"]
+        if not e:
+            assert x["benchmark"] is None and x["decision"] is None
+            continue
+        e = e[0]
+        assert x["decision"] == e["decision"] and (x["benchmark"], x["protocol"]) == ("toy", "sample4")
+        trunc = []
+        for g in e["per_seed"]:
+            rows = [json.loads(ln) for ln in (campaign / g["unit_b"] / "samples.jsonl").read_text().splitlines()]
+            trunc.append(100 * np.mean([r["truncated"] for r in rows]))
+        assert x["truncation_pct"] == pytest.approx(trunc, abs=1e-9)
+        assert x["mean_truncation_pct"] == pytest.approx(np.mean(trunc), abs=1e-9)
+
+
+def check_snapshots(campaign):
+    """Each run's snapshot rows: its checkpoint steps and the steps either side of its onset, values from metrics."""
+    TRN = read_json(campaign / "stats" / "training.json")["runs"]
+    for r in TRN:
+        rows = {m["step"]: m for m in run_metrics(campaign, r["run"])}
+        ckpts = sorted(read_json(c)["step"] for c in (campaign / "train" / r["run"]).glob("step_*/checkpoint.json"))
+        onset = watch_of(list(rows.values()))[0]
+        want = set(ckpts) | ({onset - 1, onset, onset + 1} if onset else set())
+        assert [x["step"] for x in r["snapshots"]] == sorted(want & set(rows))
+        for x in r["snapshots"]:
+            for k in ("response_length/mean", "response_length/clip_ratio", "delta_opd/weighted_reward_mean",
+                      "actor/kl_coef", "actor/entropy", "actor/grad_norm"):
+                assert x[k] == rows[x["step"]][k]
+            assert ("checkpoint" in x["why"]) == (x["step"] in ckpts)
+            assert ("onset" in x["why"]) == (x["step"] == onset)
+
+
+def check_naive(campaign):
+    """Beside every seed-restricted pairing: each side's per-problem accuracy over all its own seeds, bootstrapped."""
+    SG = read_json(campaign / "stats" / "student_gains.json")
+    restricted = [g for g in SG["gains"] if g["audit"]["restricted"]]
+    assert [g for g in SG["gains"] if "naive" in g] == restricted
+    for g in restricted:
+        a, b = per_problem(campaign / g["unit_a"]), per_problem(campaign / g["unit_b"])
+        gain, ci95, p = boot_summary([b[q] - a[q] for q in sorted(a)])
+        n = g["naive"]
+        assert n["gain_pp"] == pytest.approx(gain, abs=1e-9) and n["ci95_pp"] == pytest.approx(ci95, abs=1e-9)
+        assert n["seeds_a"] == len(unit_seeds(campaign / g["unit_a"])) > g["n_seeds"]
+
+
+def expected_hypotheses(campaign):
+    """lib/registry.py's hypotheses of pair toy, each clause decided here from the artifacts: {name: (verdict,
+    [clause results])}."""
+    from lib.registry import HYPOTHESES
+    SG = read_json(campaign / "stats" / "student_gains.json")
+    T = read_json(campaign / "stats" / "teacher_gains.json")
+    runs = sorted(p.name for p in (campaign / "train").iterdir() if p.is_dir())
+    ev = campaign / "evals"
+    a, b = per_problem(ev / "toy-pre" / "toy" / "sample4"), per_problem(ev / "toy-post" / "toy" / "sample4")
+    gate_lo = boot_summary([b[q] - a[q] for q in sorted(a)])[1][0]
+    out = {}
+    for h in (h for h in HYPOTHESES if h.pair == "toy"):
+        res = []
+        for c in h.clauses:
+            sel = [r for r in runs if all((run_args(campaign, r) or {"reward": r.split("-seed")[0]}).get(k) == v
+                                          for k, v in c.where)]
+            met = {r: run_metrics(campaign, r) for r in sel}
+            if c.kind == "teacher_gate":
+                res.append("holds" if gate_lo > 0 else "fails")
+            elif c.kind == "gain":
+                rows = [e for e in SG["by_condition"] if e["protocol"] == "sample4"
+                        and {g["run"] for g in e["per_seed"]} == set(sel)]
+                res.append("undecided" if not rows else
+                           "holds" if sum(e["decision"]["verdict"] == "gain" for e in rows) >= c.min_benchmarks
+                           else "fails")
+            elif not sel:
+                res.append("undecided")
+            elif c.kind == "no_collapse":
+                planned = {r: (read_json(campaign / "train" / r / "summary.json").get("steps")
+                               if (campaign / "train" / r / "summary.json").exists() else None) for r in sel}
+                if any(watch_of(met[r])[0] is not None and watch_of(met[r])[0] <= (c.through_step or planned[r] or 0)
+                       for r in sel):
+                    res.append("fails")
+                elif any(planned[r] is None or met[r][-1]["step"] < (c.through_step or planned[r]) for r in sel):
+                    res.append("undecided")
+                else:
+                    res.append("holds")
+            elif c.kind == "collapse":       # a run without onset fails it only once it ran all its planned steps
+                planned = {r: read_json(campaign / "train" / r / "summary.json").get("steps")
+                           if (campaign / "train" / r / "summary.json").exists() else None for r in sel}
+                quiet = [r for r in sel if watch_of(met[r])[0] is None]
+                res.append("holds" if not quiet else "fails" if any(planned[r] and met[r][-1]["step"] >= planned[r]
+                                                                     for r in quiet) else "undecided")
+            elif c.kind == "reward_negative":
+                res.append("holds" if all(met[r][0]["delta_opd/weighted_reward_mean"] < 0 for r in sel) else "fails")
+        out[h.name] = ("fails" if "fails" in res else "undecided" if "undecided" in res else "holds", res)
+    return out
+
+
+def check_hypotheses(campaign):
+    C = read_json(campaign / "stats" / "conditions.json")
+    want = expected_hypotheses(campaign)
+    got = {h["name"]: (h["verdict"], [c["result"] for c in h["clauses"]]) for h in C["hypotheses"]}
+    assert got == want
+    for h in C["hypotheses"]:
+        assert h["failing"] == [i for i, r in enumerate(want[h["name"]][1], 1) if r == "fails"]
+
+
+def check_roster(campaign):
+    """Every training run and eval unit folder is on the roster once, with pending ones as pending.json lists them."""
+    R = read_json(campaign / "stats" / "roster.json")["items"]
+    P = read_json(campaign / "stats" / "pending.json")
+    by = {r["item"]: r for r in R}
+    assert len(by) == len(R)
+    folders = {p.relative_to(campaign).as_posix() for p in (campaign / "evals").glob("*/*/*") if p.is_dir()}
+    folders |= {p.relative_to(campaign).as_posix() for p in (campaign / "train").iterdir() if p.is_dir()}
+    pend = {u["unit"] for u in P["units"]} | {r["dir"] for r in P["runs"]}
+    assert folders | pend <= set(by)
+    for item in pend:
+        assert by[item]["status"] == "pending"
+    for item in folders - pend:
+        assert by[item]["status"] in ("found", "skipped") and by[item]["reason"]
+    assert set(read_json(campaign / "stats" / "roster.json")["counts"].values()) and \
+        sum(read_json(campaign / "stats" / "roster.json")["counts"].values()) == len(R)
+
+
 def check_stats(campaign):
     """Every number of 05's JSON that the report leans on, recomputed here from samples.jsonl and the manifests."""
     S = campaign / "stats"
@@ -243,8 +437,10 @@ def check_stats(campaign):
     for g in curve:
         assert g["unit_a"] == "evals/toy-student/toy/sample32" and g["audit"]["grids"] == "nested"
         assert g["audit"]["restricted"] == g["unit_a"] and g["n_seeds"] == 8
-    # per reward: the latest checkpoint of every seed, and the pooled gain
-    R = {(e["reward"], e["benchmark"], e["protocol"]): e for e in SG["by_reward"]}
+    # per condition (one per reward here: the runs of a reward share their settings): the latest checkpoint of every
+    # seed, and the pooled gain
+    assert all(e["condition"] == e["reward"] for e in SG["by_condition"])
+    R = {(e["reward"], e["benchmark"], e["protocol"]): e for e in SG["by_condition"]}
     assert set(R) == {("opd", "toy", "sample4"), ("opd", "toy", "curve8"), ("delta-topk", "toy", "sample4"),
                       ("delta-topk", "toy", "greedy"), ("delta-topk", "toy", "curve8")}
     for (reward, _, proto), e in R.items():
@@ -284,7 +480,8 @@ def check_stats(campaign):
     assert v["over_cap_as_wrong"]["acc_b"] == pytest.approx(
         100 * np.mean([r["correct"] and r["n_tokens"] <= 64 for r in rows]), abs=1e-9)
     TRN = {r["run"]: r for r in read_json(S / "training.json")["runs"]}
-    assert sorted(TRN) == sorted(n for n, *_ in RUNS)
+    assert sorted(TRN) == sorted([n for n, *_ in RUNS] + ["delta-sampled"])      # the unfinished run: its 7 steps
+    assert TRN["delta-sampled"]["status"] == "unfinished" and TRN["delta-sampled"]["steps_logged"] == 7
     for k, (name, reward, *_) in enumerate(RUNS):
         w = TRN[name]["watch"]
         assert TRN[name]["reward"] == reward and TRN[name]["seed"] == {"opd-seed1": 1, "opd-seed2": 2}.get(name, 42)
@@ -302,6 +499,12 @@ def check_stats(campaign):
     led = read_json(S / "ledger.json")["runs"]
     raft = [r for r in led if r["dir"] == "raft"]
     assert sorted(r["wall_s"] for r in raft) == [RAFT_RERUN_WALL, RAFT_FIRST_WALL]
+    check_conditions(campaign)
+    check_summary(campaign)
+    check_snapshots(campaign)
+    check_naive(campaign)
+    check_hypotheses(campaign)
+    check_roster(campaign)
 
 
 def test_stats_match_recomputation(campaign):
@@ -402,10 +605,10 @@ def table_specs(campaign):
                 "log p(stop) at answer ends, π_post": an["logp_stop_at_answer_end"]["pi_post"],
                 "student accuracy on these samples": an["accuracy"], "stop rate": an["stop_rate"],
                 "AUROC of sequence-mean Δ, length-controlled": an["auroc"]["length_controlled"]}
-    by_reward = [dict(g, _e=e, _row=f"seed {g['training_seed']}") for e in SG["by_reward"] for g in e["per_seed"]]
-    by_reward += [dict(e["decision"], _e=e, _row=f"{e['decision']['on']} (decides)",
+    by_cond = [dict(g, _e=e, _row=f"seed {g['training_seed']}") for e in SG["by_condition"] for g in e["per_seed"]]
+    by_cond += [dict(e["decision"], _e=e, _row=f"{e['decision']['on']} (decides)",
                        acc_a=(e["pooled"] or e["per_seed"][0])["acc_a"], acc_b=(e["pooled"] or e["per_seed"][0])["acc_b"])
-                  for e in SG["by_reward"]]
+                for e in SG["by_condition"]]
     on_disk = [p for p in campaign.rglob("manifest.json") if p.parent.relative_to(campaign).parts[0] != "report"]
     manifests = [(p.parent.relative_to(campaign).as_posix(), read_json(p)) for p in on_disk]
     now = {(d, m["stage"], m["started"], m["ended"], m["wall_s"]) for d, m in manifests}
@@ -417,7 +620,45 @@ def table_specs(campaign):
     stage_rows = [{"stage": s, "rows": [r for r in ledger_rows if r["stage"] == s]} for s in {r["stage"] for r in ledger_rows}]
     stage_rows.append({"stage": "**total**".strip("*"), "rows": ledger_rows})
     primary = {"toy": "sample4"}
+    COND, ROS = J("stats/conditions.json"), J("stats/roster.json")["items"]
+    dec = lambda k, nd=None: (lambda r: r["decision"][k] if r["decision"] else None)
+    steps_text = lambda xs: ", ".join("—" if x is None else str(x) for x in xs) or "—"
+    snaps = [dict(x, _run=r["run"]) for r in TRN["runs"] for x in r["snapshots"]]
+    clauses = [dict(c, _h=h["name"]) for h in COND["hypotheses"] for c in h["clauses"]]
     return [
+        (["condition", "id", "reward", "runs"], COND["conditions"], {"condition": lambda r: r["name"]},
+         {"id": ("str", lambda r: r["id"]), "reward": ("str", lambda r: r["reward"]),
+          "runs": ("str", lambda r: ", ".join(r["runs"])), "training seeds": ("nums", lambda r: r["seeds"]),
+          "status": ("str", lambda r: "; ".join(f"{k}: {v}" for k, v in sorted(r["statuses"].items())))}),
+        (["condition", "benchmark", "protocol", "runs"], COND["summary"],
+         {"condition": lambda r: r["condition"], "benchmark": lambda r: r["benchmark"] or "(training only)"},
+         {"protocol": ("str", lambda r: r["protocol"] or "—"), "runs": ("num", lambda r: len(r["runs"])),
+          "gain (pp)": ("num", dec("gain_pp")),
+          "95 % CI": ("nums", lambda r: r["decision"]["ci95_pp"] if r["decision"] else [None]),
+          "Holm p": ("num", dec("p_holm")), "verdict": ("str", lambda r: r["decision"]["verdict"] if r["decision"] else "—"),
+          "onset steps": ("str", lambda r: steps_text(r["onset_steps"])),
+          "runaway steps": ("str", lambda r: steps_text(r["runaway_steps"])),
+          "collapsed": ("nums", lambda r: [r["n_collapsed"], len(r["runs"])]),
+          "peak clip": ("num", lambda r: r["peak_clip_ratio"]),
+          "eval truncation %": ("num", lambda r: r["mean_truncation_pct"])}),
+        (["run", "step", "shown at"], snaps, {"run": lambda r: r["_run"], "step": lambda r: str(r["step"])},
+         {"shown at": ("str", lambda r: ", ".join(r["why"])), "mean length": ("num", lambda r: r["response_length/mean"]),
+          "clip ratio": ("num", lambda r: r["response_length/clip_ratio"]),
+          "reward mean": ("num", lambda r: r["delta_opd/weighted_reward_mean"]),
+          "KL coef": ("num", lambda r: r["actor/kl_coef"]), "entropy": ("num", lambda r: r["actor/entropy"]),
+          "grad norm": ("num", lambda r: r["actor/grad_norm"])}),
+        (["run", "step", "benchmark", "protocol", "paired gain"], [g for g in SG["gains"] if "naive" in g],
+         {"run": lambda r: r["run"], "step": lambda r: str(r["step"]), "benchmark": lambda r: r["benchmark"],
+          "protocol": lambda r: r["protocol"]},
+         {"paired gain": ("num", lambda r: r["gain_pp"]), "paired CI": ("nums", lambda r: r["ci95_pp"]),
+          "init seeds paired": ("num", lambda r: r["n_seeds"]), "naive gain": ("num", lambda r: r["naive"]["gain_pp"]),
+          "naive CI": ("nums", lambda r: r["naive"]["ci95_pp"]), "init seeds naive": ("num", lambda r: r["naive"]["seeds_a"])}),
+        (["hypothesis", "clause", "result"], clauses, {"hypothesis": lambda r: r["_h"], "clause": lambda r: str(r["clause"])},
+         {"result": ("str", lambda r: r["result"]), "what it says": ("str", lambda r: r["text"]),
+          "measured": ("str", lambda r: r["detail"] or "—")}),
+        (["item", "kind", "status", "reason"], ROS, {"item": lambda r: r["item"]},
+         {"kind": ("str", lambda r: r["kind"]), "status": ("str", lambda r: r["status"]),
+          "reason": ("str", lambda r: r["reason"])}),
         (["benchmark", "protocol", "π_pre acc", "π_post acc", "gain (pp)", "95 % CI", "p", "problems", "seeds"],
          T["gains"], {"benchmark": lambda r: r["benchmark"], "protocol": lambda r: r["protocol"]},
          {**gain_cols("π_pre acc", "π_post acc"), "problems": ("num", lambda r: r["n_problems"]),
@@ -434,10 +675,11 @@ def table_specs(campaign):
         (["measure", "value"], list(measures), {"measure": lambda r: r}, {"value": ("num", measures.get)}),
         (["run", "reward", "training seed"], TRN["runs"], {"run": lambda r: r["run"]},
          {"reward": ("str", lambda r: r["reward"]), "training seed": ("num", lambda r: r["seed"]),
+          "status": ("str", lambda r: r["status"]),
           "steps": ("num", lambda r: r["steps_logged"]), "onset": ("num", lambda r: r["watch"]["collapse_onset_step"]),
           "runaway": ("num", lambda r: r["watch"]["length_runaway_step"]),
-          "band": ("nums", lambda r: r["watch"]["collapse_band"]),
-          "clip>0.9 span": ("nums", lambda r: r["watch"]["longest_clip90_span"]),
+          "band": ("nums", lambda r: r["watch"]["collapse_band"] or [None]),
+          "clip>0.9 span": ("nums", lambda r: r["watch"]["longest_clip90_span"] or [None]),
           "peak clip": ("num", lambda r: r["watch"]["peak_clip_ratio"]),
           "reward mean first": ("num", lambda r: r["weighted_reward"]["first"]),
           "reward mean last": ("num", lambda r: r["weighted_reward"]["last"]),
@@ -458,8 +700,8 @@ def table_specs(campaign):
          {"run": lambda r: r["_e"]["run"], "step": lambda r: str(r["_e"]["step"]),
           "benchmark": lambda r: r["_e"]["benchmark"], "protocol": lambda r: r["_e"]["protocol"],
           "level": lambda r: r["_lv"]}, lvl_cols),
-        (["reward", "benchmark", "protocol", "row"], by_reward,
-         {"reward": lambda r: r["_e"]["reward"], "benchmark": lambda r: r["_e"]["benchmark"],
+        (["condition", "benchmark", "protocol", "row"], by_cond,
+         {"condition": lambda r: r["_e"]["condition"], "benchmark": lambda r: r["_e"]["benchmark"],
           "protocol": lambda r: r["_e"]["protocol"], "row": lambda r: r["_row"]},
          {**gain_cols("init acc", "ckpt acc"), "step": ("num", lambda r: r.get("step")),
           "Holm p": ("num", lambda r: r.get("p_holm")), "verdict": ("str", lambda r: r.get("verdict") or sig(r))}),
@@ -567,12 +809,12 @@ def check_tldr(campaign) -> None:
         r"`(\S+)` \((.*?)\) on (\w+)/(\w+), latest evaluated checkpoint \(step ([\d, ]+)\), (pooled over training seeds "
         r"([\d, ]+)|training seed (\d+)): gain (\S+) \[(\S+), (\S+)\] (p\S+), Holm-adjusted p = (\S+) → \*\*(.+)\*\*\.$", ln)
         for ln in tldr) if m]
-    want = {(e["reward"], e["benchmark"], e["protocol"]): e for e in SG["by_reward"] if e["protocol"] == "sample4"}
+    want = {(e["condition"], e["benchmark"], e["protocol"]): e for e in SG["by_condition"] if e["protocol"] == "sample4"}
     assert sorted((m[1], m[3], m[4]) for m in verdicts) == sorted(want)
     for m in verdicts:
         e = want[(m[1], m[3], m[4])]
         d = e["decision"]
-        assert ("shift" in m[2]) == (m[1] != "opd"), f"{m[1]} described as {m[2]!r}"
+        assert ("shift" in m[2]) == (e["reward"] != "opd"), f"{m[1]} described as {m[2]!r}"
         assert [int(x) for x in (m[7] or m[8]).split(", ")] == e["training_seeds"] and bool(m[7]) == bool(e["pooled"])
         assert {int(x) for x in m[5].split(", ")} == set(e["steps"])
         assert close(m[9], d["gain_pp"]) and close(m[10], d["ci95_pp"][0]) and close(m[11], d["ci95_pp"][1])
@@ -602,6 +844,12 @@ def check_tldr(campaign) -> None:
             assert [int(x) for x in (m[2], m[3], m[4], m[5], m[7], m[8])] == [
                 r["steps_logged"], w["collapse_onset_step"], *w["collapse_band"], wr["n_negative"], wr["n"]]
             assert m[6] == ("OPD reward" if r["reward"] == "opd" else "weighted shift reward")
+    hyp = expected_hypotheses(campaign)
+    k7 = next(i for i, ln in enumerate(tldr) if "Hypotheses of pair" in ln)
+    got = re.findall(r"`(\S+)` \*\*(\w+)\*\*(?: \(clause ([\d, ]+) (fails|undecided)\))?", tldr[k7])
+    assert sorted(got) == sorted((n, v, ", ".join(str(i) for i, r in enumerate(res, 1) if r == v) if v != "holds"
+                                  else "", v if v != "holds" else "") for n, (v, res) in hyp.items())
+    seen |= {k7}
     TR = read_json(campaign / "stats" / "transfer.json")["ratios"]
     k3 = next(i for i, ln in enumerate(tldr) if "Direct-OPD transfer ratio" in ln)
     got = re.findall(r"(\S+)@(\d+) (\w+)/(\w+): (ratio \S+|withheld \(([^)]*)\))", tldr[k3])
@@ -674,15 +922,26 @@ REPORT_MUTANTS = {   # name: (old, new) in 06_report.py
     "wrong CI bound": ('return f"[{c[0]:+.3f}, {c[1]:+.3f}]"', 'return f"[{c[0]:+.3f}, {c[0]:+.3f}]"'),
     "raw p printed as Holm p": ("Holm-adjusted p = {d['p_holm']:.4f}", "Holm-adjusted p = {d['p']:.4f}"),
     "reruns dropped from the ledger": ('earlier=earlier_runs(S["ledger"]["runs"], manifest_runs(run_dir))', "earlier=[]"),
-    "per-seed rows shifted": ('    for g in e["per_seed"]:\n        rows.append([e["reward"], e["benchmark"], e["protocol"], f"seed {g[\'training_seed\']}"',
+    "per-seed rows shifted": ('    for g in e["per_seed"]:\n        rows.append([f"`{e[\'condition\']}`", e["benchmark"], e["protocol"], f"seed {g[\'training_seed\']}"',
                               '    for i, h in enumerate(e["per_seed"]):\n        g = e["per_seed"][(i + 1) % len(e["per_seed"])]\n'
-                              '        rows.append([e["reward"], e["benchmark"], e["protocol"], f"seed {h[\'training_seed\']}"'),
+                              '        rows.append([f"`{e[\'condition\']}`", e["benchmark"], e["protocol"], f"seed {h[\'training_seed\']}"'),
+    "snapshot columns swapped": ('num(x["response_length/clip_ratio"]), num(x["delta_opd/weighted_reward_mean"], 4), num(x["actor/kl_coef"])',
+                                 'num(x["response_length/clip_ratio"]), num(x["delta_opd/weighted_reward_mean"], 4), num(x["actor/entropy"])'),
+    "naive CI printed as the paired one": ('pp(g["naive"]["gain_pp"]), ci(g["naive"]["ci95_pp"])', 'pp(g["naive"]["gain_pp"]), ci(g["ci95_pp"])'),
+    "a hypothesis verdict left out of the TL;DR": ('for h in COND["hypotheses"]) + ".")', 'for h in COND["hypotheses"][1:]) + ".")'),
+    "summary onset and runaway swapped": ('steps_list(x["onset_steps"]), steps_list(x["runaway_steps"])',
+                                          'steps_list(x["runaway_steps"]), steps_list(x["onset_steps"])'),
+    "roster status dropped": ('r["kind"], r["status"], cell(r["reason"])', 'r["kind"], "found", cell(r["reason"])'),
 }
 STATS_MUTANTS = {    # name: (old, new) in 05_stats.py
-    "pooled on the first seed only": ('pairs = [(by_key_unit(g["unit_a"]).correct(), by_key_unit(g["unit_b"]).correct()) for g in seeds]',
-                                      'pairs = [(by_key_unit(g["unit_a"]).correct(), by_key_unit(g["unit_b"]).correct()) for g in seeds[:1]] * len(seeds)'),
-    "no multiple-comparison adjustment": ('stats.holm([e["decision"]["p"] for e in by_reward])', '[e["decision"]["p"] for e in by_reward]'),
+    "pooled on the first seed only": ('paired = [(by_key_unit(g["unit_a"]).correct(), by_key_unit(g["unit_b"]).correct()) for g in seeds]',
+                                      'paired = [(by_key_unit(g["unit_a"]).correct(), by_key_unit(g["unit_b"]).correct()) for g in seeds[:1]] * len(seeds)'),
+    "no multiple-comparison adjustment": ('stats.holm([e["decision"]["p"] for e in by_condition])', '[e["decision"]["p"] for e in by_condition]'),
     "reruns dropped from the ledger": ("current + earlier_runs(previous, current)", "current"),
+    "snapshots at the onset only": ('"snapshots": snapshots(met, r["checkpoints"], watch["collapse_onset_step"])',
+                                    '"snapshots": snapshots(met, [], watch["collapse_onset_step"])'),
+    "naive on the restricted seeds": ("g[\"naive\"] = stats.naive_gain(base.correct(), u.correct()",
+                                      "g[\"naive\"] = stats.naive_gain(u.correct(), u.correct()"),
 }
 
 
@@ -721,7 +980,7 @@ def test_readme_content_and_figures(campaign):
     pngs = sorted(p.name for p in (rep / "figures").glob("*.png"))
     assert pngs == sorted(["teacher_gains.png", "student_gain_toy_sample4.png", "student_gain_toy_greedy.png",
                            "student_gain_toy_curve8.png", "teacher_vs_student.png", "answer_format.png", "raft_loss.png"]
-                          + [f"training_{n}.png" for n, *_ in RUNS])
+                          + [f"training_{n}.png" for n, *_ in RUNS] + ["training_delta-sampled.png"])   # unfinished too
     for name in pngs:
         assert f"(figures/{name})" in readme
         data = (rep / "figures" / name).read_bytes()
@@ -896,3 +1155,109 @@ def test_a_missing_student_init_is_named_not_no_checkpoint(tmp_path):
     assert "No trained checkpoint has been evaluated yet" not in readme
     assert ("2 trained checkpoint(s) were evaluated (`opd`@20, `opd`@40), but there is no student gain to report: "
             "the student's init unit `evals/toy-student/toy/sample4` is missing (pending, §9).") in readme
+
+
+# --- conditions: runs of one reward with other settings are never pooled; a budget-stopped run's checkpoints count ---
+
+def write_train(run_dir: Path, name: str, args: dict, n_steps: int, onset: int, ckpts, *, finished=True, summary=()):
+    """A training run folder as 03 leaves it: metrics, summary, checkpoints; finished: a manifest with its args;
+    else (a --time-limit stop) no manifest, and the resume state of the last checkpoint holding the args."""
+    t = run_dir / "train" / name
+    atomic_write_jsonl(t / "metrics.jsonl", metric_rows(n_steps=n_steps, onset=onset))
+    atomic_write_json(t / "summary.json", {"pair": "toy", "reward": args["reward"], "student": "toy", "seed": args["seed"],
+                                           "steps": args["steps"], "last_step": n_steps, "stopped": None, **dict(summary)})
+    for step in ckpts:
+        atomic_write_json(t / f"step_{step:06d}" / "checkpoint.json",
+                          {"run": name, "step": step, "pair": "toy", "reward": args["reward"], "student_init": "toy-student"})
+    if finished:
+        write_manifest(t, stage="03_opd_train", script=__file__, args=args, inputs={},
+                       outputs=["metrics.jsonl", "summary.json"] + [f"step_{s:06d}" for s in ckpts], started=now_iso(),
+                       wall_s=100.0, gpu_s=0.0)
+    else:
+        atomic_write_json(t / "resume" / "loop_state.json", {"step": n_steps, "kl_coef": 2.0, "args": args})
+
+
+# run name → (seed, settings that differ from the raw condition, steps logged, checkpoints, evaluated step, how it ended)
+COND_RUNS = {"raw": (42, {}, 40, (20, 40), 40, "finished"), "raw-seed1": (1, {}, 40, (20, 40), 40, "finished"),
+             "raw-seed2": (2, {"time_limit": 900.0}, 20, (20,), 20, "time_limit"),
+             "neutral": (42, {"eos_policy": "neutral"}, 40, (20, 40), 40, "finished"),
+             "stop": (42, {"stop_on_collapse": True}, 28, (20, 28), 28, "collapse")}
+
+
+def make_conditions_campaign(run_dir: Path) -> Path:
+    for k, alias in enumerate(("toy-pre", "toy-post", "toy-student")):
+        write_unit(run_dir, alias, "sample4", P_CORRECT[alias], 96, 30, k)
+    for k, (name, (seed, diff, n, ckpts, evaluated, ended)) in enumerate(COND_RUNS.items()):
+        args = {"pair": "toy", "reward": "delta-topk", "eos_policy": "raw", "lr": 2e-4, "steps": 40, "seed": seed,
+                "stop_on_collapse": False, "time_limit": None, "run_name": name, "run_dir": f"/elsewhere/{k}"} | diff
+        write_train(run_dir, name, args, n, 25, ckpts, finished=ended != "time_limit",
+                    summary={"stopped": ended} if ended != "finished" else {})
+        write_unit(run_dir, f"{name}-step{evaluated}", "sample4", (0.9, 0.85, 0.3 + 0.05 * k, 0.05), 96, 30, 50 + k,
+                   model=model_block(f"{name}-step{evaluated}", name, evaluated, "toy-student"))
+    return run_dir
+
+
+def check_condition_campaign(run_dir: Path):
+    """The three conditions of COND_RUNS, each pooled over its own seeds only, with the budget-stopped seed counted."""
+    check_conditions(run_dir)
+    check_summary(run_dir)
+    check_snapshots(run_dir)
+    check_roster(run_dir)
+    SG = read_json(run_dir / "stats" / "student_gains.json")
+    C = read_json(run_dir / "stats" / "conditions.json")
+    assert sorted(sorted(c["runs"]) for c in C["conditions"]) == [["neutral"], ["raw", "raw-seed1", "raw-seed2"], ["stop"]]
+    E = {tuple(sorted(g["run"] for g in e["per_seed"])): e for e in SG["by_condition"]}
+    assert sorted(E) == [("neutral",), ("raw", "raw-seed1", "raw-seed2"), ("stop",)]
+    assert E[("neutral",)]["condition"] == "delta-topk+eos-policy=neutral+no-stop-on-collapse"
+    assert E[("stop",)]["condition"] == "delta-topk+eos-policy=raw+stop-on-collapse"
+    raw = E[("raw", "raw-seed1", "raw-seed2")]
+    assert raw["training_seeds"] == [1, 2, 42] and raw["steps"] == [40, 20, 40]      # the budget-stopped seed at 20
+    a = per_problem(run_dir / "evals" / "toy-student" / "toy" / "sample4")
+    dbar = np.zeros(N_PROBLEMS)
+    for name in ("raw", "raw-seed1", "raw-seed2"):
+        b = per_problem(run_dir / "evals" / f"{name}-step{COND_RUNS[name][4]}" / "toy" / "sample4")
+        dbar += np.array([b[q] - a[q] for q in sorted(a)]) / 3
+    gain, ci95, _ = boot_summary(dbar)
+    assert raw["pooled"]["gain_pp"] == pytest.approx(gain, abs=1e-9)
+    assert raw["pooled"]["ci95_pp"] == pytest.approx(ci95, abs=1e-9)
+    P = read_json(run_dir / "stats" / "pending.json")
+    assert P["runs"] == [] and P["units"] == []
+    TRN = {r["run"]: r for r in read_json(run_dir / "stats" / "training.json")["runs"]}
+    assert TRN["raw-seed2"]["status"] == "stopped by --time-limit" and TRN["raw-seed2"]["steps_logged"] == 20
+    assert TRN["stop"]["status"] == "stopped by --stop-on-collapse" and TRN["stop"]["watch"]["collapse_onset_step"] == 28
+    R = {r["item"]: r for r in read_json(run_dir / "stats" / "roster.json")["items"]}
+    assert R["train/raw-seed2"]["status"] == "found" and R["train/raw-seed2 steps 21–40"]["status"] == "pending"
+    assert R["train/stop steps 29–40"]["status"] == "canceled" and "--stop-on-collapse" in R["train/stop steps 29–40"]["reason"]
+    assert R["evals/raw-seed2-step20/toy/sample4"]["status"] == "found"
+    rows = {x["condition"]: x for x in C["summary"]}
+    assert rows[raw["condition"]]["onset_steps"] == [28, 28, None] and rows[raw["condition"]]["runaway_steps"] == [25, 25, None]
+
+
+@pytest.fixture(scope="module")
+def condition_campaign(tmp_path_factory):
+    run_dir = make_conditions_campaign(tmp_path_factory.mktemp("conditions") / "toy")
+    run_stage("05_stats.py", run_dir, "--pair", "toy")
+    return run_dir
+
+
+def test_runs_of_one_reward_with_other_settings_are_never_pooled(condition_campaign):
+    check_condition_campaign(condition_campaign)
+    run_stage("06_report.py", condition_campaign)
+    readme = (condition_campaign / "report" / "README.md").read_text()
+    assert "### 2.2 Cross-condition summary" in readme and "| `train/stop steps 29–40` | training steps | canceled |" in readme
+    assert "`delta-topk+eos-policy=neutral+no-stop-on-collapse` (Direct-OPD, weighted top-K shift reward) on toy/sample4" in readme
+
+
+CONDITION_MUTANTS = {    # name: (old, new) in 05_stats.py; check_condition_campaign must fail on each
+    "seeds pooled across settings": ('"settings": run_settings(r["settings"])}', '"settings": {"reward": r["reward"]}}'),
+    "budget-stopped runs left pending": ("+ [load_stopped_run(run_dir, d)\n", "+ [] and [load_stopped_run(run_dir, d)\n"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONDITION_MUTANTS))
+def test_condition_checks_catch_a_mutated_stage(condition_campaign, tmp_path, name):
+    run_dir = tmp_path / "toy"
+    shutil.copytree(condition_campaign, run_dir)
+    run_mutant("05_stats.py", *CONDITION_MUTANTS[name], run_dir, tmp_path)
+    with pytest.raises(AssertionError):
+        check_condition_campaign(run_dir)

@@ -369,3 +369,100 @@ def test_time_ledger_adds_reruns(tmp_path):
     assert led["stages"]["07_raft"] == {"n_runs": 2, "wall_s": pytest.approx(613.4), "gpu_s": 0.0}
     assert led["stages"]["03_opd_train"] == {"n_runs": 2, "wall_s": 100.0, "gpu_s": 12.0}
     assert "06_report" not in led["stages"] and led["total"]["n_runs"] == 4
+
+
+# --- conditions, snapshots, the naive comparison, hypotheses (lib/report/conditions.py, hypotheses.py) ---
+
+def test_conditions_group_only_identical_settings():
+    from lib.report.conditions import build_conditions, run_settings
+    base = {"pair": "toy", "reward": "delta-topk", "eos_policy": "raw", "lr": 2e-4, "run_dir": "a", "run_name": "x",
+            "time_limit": None, "logger": "none"}
+    runs = [("raw", 42, base), ("raw-seed1", 1, base | {"run_dir": "b", "run_name": "y", "time_limit": 60.0}),
+            ("neutral", 42, base | {"eos_policy": "neutral"}), ("lowlr", 42, base | {"lr": 1e-4}),
+            ("opd", 42, base | {"reward": "opd"}), ("again", 42, base | {"logger": "tensorboard"}), ("old", 3, None)]
+    conds, of = build_conditions([{"name": n, "reward": a["reward"] if a else "delta-topk", "seed": s,
+                                   "status": "finished", "settings": run_settings(a | {"seed": s} if a else None)}
+                                  for n, s, a in runs])
+    by_runs = {tuple(c["runs"]): c for c in conds}
+    # bookkeeping (paths, run name, time budget, logger) and the seed never split a condition; anything else does
+    assert sorted(by_runs) == [("again", "raw", "raw-seed1"), ("lowlr",), ("neutral",), ("old",), ("opd",)]
+    raw = by_runs[("again", "raw", "raw-seed1")]
+    assert raw["seeds"] == [42, 1] and raw["duplicate_seeds"] == [{"run": "raw", "seed": 42}]
+    assert raw["name"] == "delta-topk+eos-policy=raw+lr=0.0002"
+    assert by_runs[("neutral",)]["name"] == "delta-topk+eos-policy=neutral+lr=0.0002"
+    assert by_runs[("lowlr",)]["name"] == "delta-topk+eos-policy=raw+lr=0.0001"
+    assert by_runs[("opd",)]["name"] == "opd" and by_runs[("old",)]["id"] == "unrecorded:old"
+    assert len({c["id"] for c in conds}) == len(conds) == len({c["name"] for c in conds})
+    assert of["raw"] == of["raw-seed1"] != of["neutral"]
+
+
+def test_snapshots_at_checkpoints_and_either_side_of_the_onset():
+    from lib.report.conditions import snapshots
+    metrics = [{"step": s, "response_length/mean": 10.0 + s, "response_length/clip_ratio": 0.1 * s} for s in range(1, 9)]
+    got = snapshots(metrics, [4, 8], 6)
+    assert [(x["step"], x["why"]) for x in got] == [(4, ["checkpoint"]), (5, ["before onset"]), (6, ["onset"]),
+                                                     (7, ["after onset"]), (8, ["checkpoint"])]
+    assert [x["response_length/mean"] for x in got] == [14.0, 15.0, 16.0, 17.0, 18.0]
+    assert [x["step"] for x in snapshots(metrics, [8], 8)] == [7, 8]        # step 9 was never logged
+    assert snapshots(metrics, [], None) == []
+
+
+def test_naive_gain_uses_each_sides_own_seeds():
+    rng = np.random.default_rng(21)
+    a = {f"q{i}": {s: int(rng.random() < 0.5) for s in range(32)} for i in range(30)}
+    b = {f"q{i}": {s: int(rng.random() < 0.6) for s in range(8)} for i in range(30)}
+    res = stats.naive_gain(a, b, n_boot=2000, seed=5)
+    d = [np.mean(list(b[p].values())) - np.mean(list(a[p].values())) for p in sorted(a)]
+    means = 100 * np.asarray(d)[np.random.default_rng(5).integers(0, 30, (2000, 30))].mean(1)
+    assert res["gain_pp"] == pytest.approx(100 * np.mean(d), abs=1e-9)
+    assert res["ci95_pp"] == pytest.approx(list(np.percentile(means, [2.5, 97.5])), abs=1e-9)
+    assert (res["seeds_a"], res["seeds_b"]) == (32, 8)
+    assert res["gain_pp"] != pytest.approx(paired_bootstrap(a, b)["gain_pp"])   # the paired one cuts a to 8 seeds
+
+
+def test_hypothesis_clauses_hold_fail_and_say_what_is_missing():
+    from lib.registry import Clause, Hypothesis
+    from lib.report.hypotheses import evaluate
+    conds = [{"id": "c1", "name": "opd", "reward": "opd", "settings": {"pair": "toy", "reward": "opd"}},
+             {"id": "c2", "name": "delta-topk", "reward": "delta-topk",
+              "settings": {"pair": "toy", "reward": "delta-topk"}}]
+    watch = lambda onset, peak: {"collapse_onset_step": onset, "peak_clip_ratio": peak}
+    runs = [{"run": "opd", "condition_id": "c1", "watch": watch(None, 0.01), "status": "finished", "last_step": 45,
+             "steps_planned": 45, "step1_weighted_reward": 0.3},
+            {"run": "topk", "condition_id": "c2", "watch": watch(12, 1.0), "status": "finished", "last_step": 45,
+             "steps_planned": 45, "step1_weighted_reward": -0.02},
+            {"run": "topk-seed1", "condition_id": "c2", "watch": watch(None, 0.2), "status": "unfinished",
+             "last_step": 10, "steps_planned": 45, "step1_weighted_reward": -0.01}]
+    decision = {"gain_pp": 7.5, "ci95_pp": [5.0, 9.5], "verdict": "gain"}
+    rows = [{"condition_id": "c1", "benchmark": "toy", "protocol": "sample4", "decision": decision}]
+    gate = {"pass": True, "reason": "gain > 0 and CI excludes 0"}
+    opd, topk = (("reward", "opd"),), (("reward", "delta-topk"),)
+    h = lambda *clauses: evaluate(Hypothesis("h", "toy", "claim", clauses), conds, runs, rows, gate)
+    ok = h(Clause("teacher_gate"), Clause("no_collapse", opd), Clause("gain", opd), Clause("no_collapse", opd, 30))
+    assert ok["verdict"] == "holds" and ok["failing"] == ok["missing"] == []
+    bad = h(Clause("no_collapse", topk), Clause("gain", topk), Clause("reward_negative", opd))
+    assert bad["verdict"] == "fails" and bad["failing"] == [1, 3] and bad["missing"] == [2]
+    assert "topk: clip ratio first exceeded 0.5 at step 12" in bad["clauses"][0]["detail"]
+    assert "no evaluated checkpoint of condition delta-topk" in bad["clauses"][1]["detail"]
+    assert bad["clauses"][2]["detail"] == "opd: +0.3000 at step 1"
+    # an onset after the clause's step does not fail it; an unfinished seed without onset leaves `collapse` open
+    late = h(Clause("no_collapse", topk, 11), Clause("collapse", topk), Clause("reward_negative", topk))
+    assert [c["result"] for c in late["clauses"]] == ["undecided", "undecided", "holds"]
+    assert "topk-seed1 logged 10 of 11 steps (unfinished)" == late["clauses"][0]["detail"]
+    quiet = h(Clause("collapse", opd))                      # opd ran all its 45 planned steps without an onset
+    assert quiet["verdict"] == "fails" and "opd: no onset in 45 steps (peak clip ratio 0.010)" == quiet["clauses"][0][
+        "detail"]
+    none = h(Clause("gain", ()), Clause("collapse", (("reward", "delta-sampled"),)))
+    assert none["verdict"] == "undecided" and "selects 2 conditions" in none["clauses"][0]["detail"]
+    assert evaluate(Hypothesis("g", "toy", "c", (Clause("teacher_gate"),)), conds, runs, rows,
+                    {"pending": True, "pass": False, "reason": "pending: units"})["verdict"] == "undecided"
+
+
+def test_registry_hypotheses_are_well_formed():
+    from lib.registry import HYPOTHESES, PAIRS
+    from lib.report.hypotheses import clause_text
+    assert len({h.name for h in HYPOTHESES}) == len(HYPOTHESES)
+    for h in HYPOTHESES:
+        assert h.pair in PAIRS and h.clauses and h.claim
+        for c in h.clauses:
+            assert not clause_text(c).startswith("unknown"), (h.name, c.kind)

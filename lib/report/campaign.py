@@ -4,18 +4,24 @@ Every reader verifies the directory against its manifest first (`lib.artifacts.v
 whose samples cannot be paired honestly: a (problem, seed) that appears twice, a problem whose seeds differ from the
 unit's declared grid, or a problem count that disagrees with scores.json. The errors name the unit and the ids.
 
+A training run is finished (manifest.json, written last by 03; `stopped by --stop-on-collapse` when its summary says
+so), `stopped by --time-limit` (no manifest, but a summary.json saying so and nothing logged past it: final up to its
+stop), or unfinished (killed, or still running: its per-step record is read, a torn last line dropped). Its settings
+are its manifest's args, else those its resume state holds.
+
 Also here, because both 05_stats and 06_report need them: per-unit diagnostics (truncation, length, answer format,
 extraction and accuracy on truncated samples), the collapse watch of DESIGN.md §7.5 recomputed from metrics.jsonl, and
 the time ledger summed from every manifest under the campaign directory.
 """
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lib.artifacts import ArtifactError, read_json, read_jsonl, verify_dir
+from lib.artifacts import ArtifactError, read_json, read_jsonl, sha256_file, verify_dir
 from lib.train.collapse import CLIP_ONSET, CLIP_SINK      # the collapse watch's thresholds, declared once
 
 DEFAULT_SEED = 42                     # a run that records no seed was trained with 03's default
@@ -207,21 +213,106 @@ def run_identity(summary: dict, manifest: dict | None, name: str) -> tuple[str |
     return reward, int(seed if seed is not None else (m.group(2) if m else DEFAULT_SEED))
 
 
-def load_run(run_dir: Path, train_dir: Path) -> dict:
-    """A finished training run folder: verified manifest, metrics.jsonl, summary.json, checkpoint list."""
-    m = verify_dir(train_dir)
-    metrics = read_jsonl(train_dir / "metrics.jsonl")
-    if not metrics:
-        raise ArtifactError(f"{train_dir}/metrics.jsonl is empty; the run logged no step")
+# 03's resume state: the loop state of the last complete checkpoint, with the settings the run was started with
+RESUME_STATE = "resume/loop_state.json"
+# a run's status, as the report names it
+FINISHED, STOPPED_COLLAPSE, BUDGET_STOPPED, UNFINISHED = ("finished", "stopped by --stop-on-collapse",
+                                                         "stopped by --time-limit", "unfinished")
+
+
+def _metrics(train_dir: Path, torn_ok: bool = False) -> list[dict]:
+    """metrics.jsonl, its steps strictly increasing. `torn_ok`: a half-written last line (a run killed or still
+    writing) is dropped instead of refused."""
+    path = train_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    try:
+        metrics = read_jsonl(path)
+    except (ArtifactError, ValueError):
+        if not torn_ok:
+            raise
+        lines = path.read_text(encoding="utf-8").splitlines()
+        metrics = _jsonl_lines(lines[:-1], path)
     steps = [r["step"] for r in metrics]
     if steps != sorted(set(steps)):
         raise ArtifactError(f"{train_dir}/metrics.jsonl: steps are not strictly increasing (duplicates or resume "
                             f"overlap near step {next(b for a, b in zip(steps, steps[1:]) if b <= a)}); repair the log")
+    return metrics
+
+
+def _jsonl_lines(lines: list[str], path: Path) -> list[dict]:
+    try:
+        return [json.loads(ln) for ln in lines if ln.strip()]
+    except ValueError as e:
+        raise ArtifactError(f"{path}: a line before the last is not valid JSON ({e}); the log is damaged") from None
+
+
+def _checkpoints(train_dir: Path) -> list[int]:
+    return sorted(read_json(c)["step"] for c in train_dir.glob("step_*/checkpoint.json"))
+
+
+def load_run(run_dir: Path, train_dir: Path) -> dict:
+    """A finished training run folder: verified manifest, metrics.jsonl, summary.json, checkpoint list, and the
+    settings its manifest records (lib/report/conditions.py: a run's identity)."""
+    m = verify_dir(train_dir)
+    metrics = _metrics(train_dir)
+    if not metrics:
+        raise ArtifactError(f"{train_dir}/metrics.jsonl is empty; the run logged no step")
     summary = read_json(train_dir / "summary.json") if (train_dir / "summary.json").exists() else {}
-    ckpts = sorted(read_json(c)["step"] for c in train_dir.glob("step_*/checkpoint.json"))
     reward, seed = run_identity(summary, m, train_dir.name)
+    files = {f: m["outputs"][f] for f in ("metrics.jsonl", "summary.json") if f in m["outputs"]}
+    files["manifest.json"] = sha256_file(train_dir / "manifest.json")
     return {"name": train_dir.name, "rel": train_dir.relative_to(run_dir).as_posix(), "metrics": metrics,
-            "summary": summary, "checkpoints": ckpts, "manifest": m, "reward": reward, "seed": seed}
+            "summary": summary, "checkpoints": _checkpoints(train_dir), "manifest": m, "reward": reward,
+            "seed": seed, "settings": m.get("args"), "files": files,
+            "status": STOPPED_COLLAPSE if summary.get("stopped") == "collapse" else FINISHED}
+
+
+def _resume_settings(train_dir: Path) -> tuple[dict | None, int | None]:
+    """(settings, step) of the run's last complete checkpoint as its resume state records them, else (None, None)."""
+    p = train_dir / RESUME_STATE
+    if not p.exists():
+        return None, None
+    state = read_json(p)
+    return state.get("args"), state.get("step")
+
+
+def budget_stopped(train_dir: Path) -> bool:
+    """A run 03 stopped for its --time-limit: no manifest (the same command continues it), a summary.json saying
+    `stopped: time_limit`, and nothing logged past the step that summary names (else it is being continued)."""
+    if (train_dir / "manifest.json").exists() or not (train_dir / "summary.json").exists():
+        return False
+    summary = read_json(train_dir / "summary.json")
+    if summary.get("stopped") != "time_limit":
+        return False
+    metrics = _metrics(train_dir, torn_ok=True)
+    return bool(metrics) and metrics[-1]["step"] == summary.get("last_step") == _resume_settings(train_dir)[1]
+
+
+def load_stopped_run(run_dir: Path, train_dir: Path) -> dict:
+    """A budget-stopped run: everything it wrote up to its stop (metrics, summary, checkpoints) is final, so its
+    evaluated checkpoints count. No manifest hashes these files; 05_stats records their sha256 as its inputs."""
+    summary = read_json(train_dir / "summary.json")
+    settings, _ = _resume_settings(train_dir)
+    reward, seed = run_identity(summary, {"args": settings or {}}, train_dir.name)
+    files = {f: sha256_file(train_dir / f) for f in ("metrics.jsonl", "summary.json", RESUME_STATE)}
+    return {"name": train_dir.name, "rel": train_dir.relative_to(run_dir).as_posix(), "metrics": _metrics(train_dir),
+            "summary": summary, "checkpoints": _checkpoints(train_dir), "manifest": None, "reward": reward,
+            "seed": seed, "settings": settings, "files": files, "status": BUDGET_STOPPED}
+
+
+def load_unfinished(run_dir: Path, train_dir: Path) -> dict:
+    """A run without manifest that is not budget-stopped (killed, or still running): its per-step record so far (a
+    torn last line dropped) and the settings of its resume state, for the training tables only: it is never pooled
+    and its checkpoints' units stay pending."""
+    settings, _ = _resume_settings(train_dir)
+    summary = read_json(train_dir / "summary.json") if (train_dir / "summary.json").exists() else {}
+    reward, seed = run_identity({}, {"args": settings or {}}, train_dir.name)
+    files = {f: sha256_file(train_dir / f) for f in ("metrics.jsonl", RESUME_STATE) if (train_dir / f).exists()}
+    return {"name": train_dir.name, "rel": train_dir.relative_to(run_dir).as_posix(),
+            "metrics": _metrics(train_dir, torn_ok=True), "summary": summary, "checkpoints": _checkpoints(train_dir),
+            "manifest": None, "reward": reward, "seed": seed, "settings": settings, "files": files,
+            "status": UNFINISHED}
 
 
 def find_runs(run_dir: Path) -> list[Path]:
@@ -229,16 +320,28 @@ def find_runs(run_dir: Path) -> list[Path]:
     return sorted(p.parent for p in (run_dir / "train").glob("*/manifest.json"))
 
 
+def find_stopped_runs(run_dir: Path) -> list[Path]:
+    """Budget-stopped training runs (`budget_stopped`)."""
+    return sorted(p for p in (run_dir / "train").glob("*") if p.is_dir() and budget_stopped(p))
+
+
+def unfinished_dirs(run_dir: Path) -> list[Path]:
+    """train/<name>/ folders without manifest.json that are not budget-stopped: killed, or still running."""
+    return sorted(p for p in (run_dir / "train").glob("*")
+                  if p.is_dir() and not (p / "manifest.json").exists() and not budget_stopped(p))
+
+
 def pending_runs(run_dir: Path) -> list[dict]:
-    """Training runs still in progress (or killed): a train/<name>/ folder without manifest.json. Reported as
-    pending with what they logged so far; never read for statistics."""
+    """Training runs still in progress (or killed): a train/<name>/ folder without manifest.json that is not
+    budget-stopped. Reported as pending with what they logged so far; never pooled."""
     out = []
-    for d in sorted(p for p in (run_dir / "train").glob("*") if p.is_dir() and not (p / "manifest.json").exists()):
+    for d in unfinished_dirs(run_dir):
         try:
             steps = len(read_jsonl(d / "metrics.jsonl")) if (d / "metrics.jsonl").exists() else 0
         except (ArtifactError, ValueError):
             steps = None                       # a half-written last line: the trainer is still writing it
-        reward, seed = run_identity({}, None, d.name)
+        settings, _ = _resume_settings(d)
+        reward, seed = run_identity({}, {"args": settings or {}}, d.name)
         out.append({"run": d.name, "dir": d.relative_to(run_dir).as_posix(), "reward": reward, "seed": seed,
                     "steps_logged": steps, "checkpoints": sorted(c.name for c in d.glob("step_*"))})
     return out
