@@ -1,4 +1,4 @@
-"""The fault-probe scorecard of issues 17 and 34: 69 fault, tampering, bad-input and concurrency probes on the toy world.
+"""The fault-probe scorecard of issues 17 and 34: 70 fault, tampering, bad-input and concurrency probes on the toy world.
 
 Each probe is a small real scenario in a scratch folder of its own: the stage scripts (03_opd_train, 04_eval,
 05_stats, 07_raft, campaign.sh) and lib.eval.grading run as subprocesses, every command under a hard timeout. Faults come
@@ -20,7 +20,7 @@ a probe that cannot set up its scenario included (it says why); nothing is skipp
 A full disk is a small tmpfs (mounting one needs root: otherwise run this script under `unshare -Urm`). A cached toy
 model is damaged only in a copy of the toy world under a scratch OPD_CACHE, never in $OPD_CACHE itself.
 
-    OPD_CACHE=.cache python bench/fault_probes.py --out /tmp/probes      # all 69 (CPU): the first 42 took 7–12 min on 2 busy cores
+    OPD_CACHE=.cache python bench/fault_probes.py --out /tmp/probes      # all 70 (CPU): the first 42 took 7–12 min on 2 busy cores
     python bench/fault_probes.py --list          python bench/fault_probes.py --only NAME[,NAME…] --out DIR
 """
 from __future__ import annotations
@@ -1236,6 +1236,23 @@ def damaged_partial(d):
         check((d / "killed" / u / f).read_bytes() == (d / "whole" / u / f).read_bytes(),
               f"{f} differs from the uninterrupted unit's: the damaged row {k + 1} was graded as it was")
     return f"row {k + 1} of {len(lines)} damaged: generated again; samples.jsonl and scores.json byte-identical"
+
+
+@probe("raft-corrupt-chunk-refused-in-one-line", "34 second pass", "34.12", "07_raft --stage sample whose stage 1 "
+       "was cut short after sampling (stage1.json, kept.jsonl, manifest.json gone) and the first line of "
+       "samples/chunk_0.jsonl (not its last) garbled, then the same command: refused in one line naming the file, "
+       "the line and the fix, not a traceback")
+def raft_corrupt_chunk(d):
+    r07 = ["07_raft.py", f"--run-dir={d}", "--pair=toy", "--stage=sample", "--limit-prompts=8", "--k=2", "--g1-min=1",
+           "--batch-prompts=4"]
+    ok(stage(*r07), "07_raft")
+    for f in ("stage1.json", "kept.jsonl", "manifest.json", "stats.json"):
+        (d / "raft" / f).unlink(missing_ok=True)
+    chunk = d / "raft/samples/chunk_0.jsonl"
+    lines = chunk.read_text().splitlines(keepends=True)
+    check(len(lines) >= 2, f"{chunk} holds {len(lines)} line(s): nothing before its last to garble")
+    chunk.write_text(lines[0][:40] + "\n" + "".join(lines[1:]))
+    return short(refusal(stage(*r07), f"{chunk}:1", "not valid JSON", "sample again"))
 
 
 def machine() -> str:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lib.artifacts import atomic_write_text
+from lib.artifacts import DamagedJSON, atomic_write_text
 
 REASONS = ("truncated", "grader_timeout", "no_answer_extracted", "wrong_answer")
 FRACTIONS = (0.25, 0.50, 0.75, 1.00)           # SFT checkpoints and val loss, as fractions of the optimizer steps
@@ -73,8 +73,8 @@ def read_rows(path: Path) -> list[dict]:
         except json.JSONDecodeError:
             if n == len(lines):
                 break
-            raise ValueError(f"{path}:{n} is not valid JSON and is not the last line: the file is corrupt; delete "
-                             f"{path.parent} and sample again") from None
+            raise DamagedJSON(f"{path}:{n} is not valid JSON and is not the last line: the file is corrupt; delete "
+                              f"{path.parent} and sample again") from None     # one line in 07, a ValueError here
     return rows
 
 
