@@ -31,7 +31,7 @@ from pathlib import Path
 
 from lib.cpu_repro import pin_if_toy
 pin_if_toy(sys.argv)  # the toy world's CPU math is pinned before torch is imported (lib/cpu_repro.py)
-from lib import benchmarks, models, registry
+from lib import benchmarks, models, pairs, registry
 from lib.artifacts import (ArtifactError, atomic_write_json, atomic_write_text, read_json, read_manifest, verify_dir,
                            wall_clock, write_manifest)
 from lib.cli import HelpFormatter, positive_int
@@ -44,7 +44,7 @@ GATES = ("tokenizer", "prompt_length", "context", "template", "anatomy")
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     a, D = p.add_argument, anatomy.Settings          # D: the anatomy's defaults, declared in lib/gates/anatomy.py
-    a("--pair", default="toy", choices=sorted(registry.PAIRS), help="teacher pair (DESIGN.md §2)")
+    pairs.add_arguments(a)
     a("--student", default=None, help=f"student (default: the pair's): one of {sorted(registry.STUDENTS)}, "
                                       "a model alias, a hub id[@revision] or a folder")
     a("--run-dir", default=None, help="campaign directory (default runs/<pair>); reports go to <run-dir>/gates/")
@@ -187,7 +187,7 @@ def gate_template(roles, train_rows) -> dict:
 
 # --- gate 5: shift anatomy ---
 
-def gate_anatomy(roles, train_rows, args, out_dir) -> dict:
+def gate_anatomy(roles, train_rows, args, out_dir, pair_name: str) -> dict:
     """lib/gates/anatomy.py's driver with this script's flags (each defaults to anatomy.Settings, declared there
     once)."""
     cfg = anatomy.Settings(max_prompt_len=args.max_prompt_len, max_response_len=args.max_response_len,
@@ -197,7 +197,7 @@ def gate_anatomy(roles, train_rows, args, out_dir) -> dict:
                            auroc_bins=args.auroc_bins,
                            bootstrap=args.bootstrap, backend=args.backend, scoring=args.scoring,
                            micro_batch=args.micro_batch, seed=args.seed)
-    return anatomy.run(roles, train_rows, cfg, out_dir, args.pair)
+    return anatomy.run(roles, train_rows, cfg, out_dir, pair_name)
 
 
 # --- reports ---
@@ -233,14 +233,15 @@ def write_gate(out_dir: Path, name: str, rep: dict, allowed: bool) -> list[str]:
     return [f"{name}.json", f"{name}.md"]
 
 
-def carry_over(out_dir: Path, args, status: dict, outputs: list) -> list[str]:
+def carry_over(out_dir: Path, args, status: dict, outputs: list, pair_sha256: str) -> list[str]:
     """Gates not re-run keep their reports from this directory's previous run of the same pair, student and data,
     if their files still hash to what that manifest recorded; anything else is left out of the new manifest."""
     try:
         prev = read_manifest(out_dir)
     except ArtifactError:
         return []
-    same = all(prev["args"].get(k) == getattr(args, k) for k in ("pair", "student", "train_data"))
+    same = all(prev["args"].get(k) == getattr(args, k) for k in ("pair", "pi_pre", "pi_post", "student", "train_data"))
+    same = same and prev.get("pair_sha256") == pair_sha256
     carried = []
     for name, st in (prev.get("gates", {}) if same else {}).items():
         files = [f for f in prev["outputs"] if f.split(".")[0] in (name, f"{name}_samples")]
@@ -259,27 +260,28 @@ def carry_over(out_dir: Path, args, status: dict, outputs: list) -> list[str]:
 def main(argv=None):
     args = parse_args(argv)
     started, t_start = wall_clock()
-    pair = registry.PAIRS[args.pair]
-    student_name = args.student or pair.student
-    sspec = models.student_spec(student_name)
+    lp = pairs.from_args(args)                       # a pair file's models and benchmarks are declared here
+    pair = lp.pair
+    student_name = args.student or lp.student.model
+    sspec = models.student_spec(args.student) if args.student else lp.student
     args.max_prompt_len = args.max_prompt_len or sspec.max_prompt_len
     args.max_response_len = args.max_response_len or sspec.max_response_len
-    run_dir = Path(args.run_dir or f"runs/{args.pair}")
+    run_dir = Path(args.run_dir or f"runs/{lp.name}")
     out_dir = run_dir / "gates"
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
         roles = anatomy.load_roles(pair, student_name, run_dir)
     except (RuntimeError, FileNotFoundError, KeyError) as e:       # offline hub, missing RAFT folder, bad alias
-        sys.exit(f"[01] cannot load the models of pair {args.pair}: {e}")
+        sys.exit(f"[01] cannot load the models of pair {lp.name}: {e}")
     train_rows, train_src = benchmarks.load_benchmark(args.train_data or pair.train_data, require_answer=False)
     refuse_special_text(roles["student"]["tok"], train_rows, train_src)     # before the anatomy loads a model
-    print(f"[01] gates for pair {args.pair}: student {roles['student']['alias']}, π_pre {roles['pi_pre']['alias']}, "
+    print(f"[01] gates for pair {lp.name}: student {roles['student']['alias']}, π_pre {roles['pi_pre']['alias']}, "
           f"π_post {roles['pi_post']['alias']} → {out_dir}", flush=True)
 
     run = {"tokenizer": lambda: gate_tokenizer(roles, train_rows, args),
            "prompt_length": lambda: gate_prompt_length(roles, train_rows, train_src, args),
            "context": lambda: gate_context(roles, pair, args), "template": lambda: gate_template(roles, train_rows),
-           "anatomy": lambda: gate_anatomy(roles, train_rows, args, out_dir)}
+           "anatomy": lambda: gate_anatomy(roles, train_rows, args, out_dir, lp.name)}
     status, outputs, failed = {}, [], []
     for name in [g for g in GATES if g in args.gates]:
         t0 = time.monotonic()
@@ -300,7 +302,7 @@ def main(argv=None):
             failed.append(name)
     if "anatomy" in status:
         outputs.append("anatomy_samples.jsonl")
-    carried, allowed = carry_over(out_dir, args, status, outputs), [g for g in args.allow if g in status]
+    carried, allowed = carry_over(out_dir, args, status, outputs, lp.sha256), [g for g in args.allow if g in status]
     for name in carried:
         rep = read_json(out_dir / f"{name}.json")
         allowed += [name] if rep["allowed"] else []
@@ -312,7 +314,7 @@ def main(argv=None):
     write_manifest(out_dir, stage="01_gates", script=__file__, args=vars(args), inputs=inputs, outputs=outputs,
                    started=started, wall_s=time.monotonic() - t_start,
                    extra={"gates": status, "allowed": sorted(allowed), "failed": every_failed, "carried": carried,
-                          "passed": not every_failed})
+                          "passed": not every_failed} | lp.record())
     if failed:
         print(f"[01] FAILED: {', '.join(failed)} — fix them, or proceed on purpose with --allow {' '.join(failed)}",
               flush=True)

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from lib.cli import ArgumentParser, HelpFormatter, fraction, positive_float, positive_int
-from lib import models, registry
+from lib import models, pairs, registry
 
 EVAL = Path(__file__).resolve().parent / "04_eval.py"      # the one implementation of an eval unit
 
@@ -24,7 +24,7 @@ EVAL = Path(__file__).resolve().parent / "04_eval.py"      # the one implementat
 def parse_args(argv=None):
     p = ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--run-dir", required=True, help="campaign directory (runs/<name>)")
-    p.add_argument("--pair", default="toy", choices=sorted(registry.PAIRS), help="teacher pair (DESIGN.md §2)")
+    pairs.add_arguments(p.add_argument)
     p.add_argument("--student", default=None, help=f"student (default: the pair's); one of {sorted(registry.STUDENTS)}")
     p.add_argument("--models", default="pi_pre,pi_post,student", help="which of pi_pre,pi_post,student to evaluate")
     p.add_argument("--backend", default="hf", choices=["hf", "vllm"], help="sampling backend")
@@ -33,6 +33,9 @@ def parse_args(argv=None):
     p.add_argument("--sample-batch", type=positive_int, default=64, help="sequences per generate() call (hf backend)")
     p.add_argument("--limit-problems", type=positive_int, default=None,
                    help="probe: N evenly spaced problems per benchmark (a deviation)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=None,
+                   help="probe: token cap of every unit instead of each model's own (a deviation); a model whose "
+                        "context cannot hold its own cap needs it")
     p.add_argument("--grade-timeout", type=positive_float, default=5.0,
                    help="CPU-seconds bound per graded sample (04_eval.py's; another than the default joins each "
                         "unit's identity)")
@@ -42,8 +45,9 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    pair = registry.PAIRS[args.pair]
-    student = models.student_spec(args.student or pair.student).model
+    lp = pairs.from_args(args)
+    pair = lp.pair
+    student = (models.student_spec(args.student) if args.student else lp.student).model
     roles = {"pi_pre": pair.pi_pre, "pi_post": pair.pi_post, "student": student}
     wanted = [r.strip() for r in args.models.split(",")]
     unknown = [r for r in wanted if r not in roles]
@@ -60,6 +64,10 @@ def main(argv=None):
                    str(args.gpu_memory_utilization), "--skip-if-exists"]
             if args.limit_problems is not None:
                 cmd += ["--limit-problems", str(args.limit_problems)]
+            if args.max_new_tokens is not None:
+                cmd += ["--max-new-tokens", str(args.max_new_tokens)]
+            if lp.file is not None:                       # its declared models and benchmarks
+                cmd += ["--pair", lp.file]
             if subprocess.run(cmd).returncode:
                 sys.exit(f"[02_baselines] 04_eval.py failed on {name} × {bench} × {proto}; rerun it alone to see "
                          f"why: {' '.join(cmd[1:])}")

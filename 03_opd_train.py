@@ -48,7 +48,7 @@ pin_if_toy(sys.argv)  # the toy world's CPU math is pinned before torch is impor
 import numpy as np
 import torch
 
-from lib import benchmarks, models, registry, runs, tracking
+from lib import benchmarks, models, pairs, registry, runs, tracking
 from lib.artifacts import atomic_write_json, atomic_write_text, read_json, wall_clock, write_manifest
 from lib.cli import (ArgumentParser, HelpFormatter, fraction, nonnegative_float, nonnegative_int, path_name,
                      positive_float, positive_int)
@@ -68,7 +68,7 @@ from lib.train.step_phases import (PhaseClock, equal_plan, freeze_heap, peak_tfl
 def parse_args(argv=None):
     p = ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     a = p.add_argument
-    a("--pair", default="toy", choices=sorted(registry.PAIRS), help="teacher pair (DESIGN.md §2)")
+    pairs.add_arguments(a)
     a("--student", default=None, help=f"student (default: the pair's): one of {sorted(registry.STUDENTS)}, "
                                       "a model alias, a hub id[@revision] or a folder")
     a("--reward", default="delta-topk", choices=opd.REWARDS, help="token reward (DESIGN.md §7.2)")
@@ -339,13 +339,15 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     started, t_start = wall_clock()
-    pair = registry.PAIRS[args.pair]
-    sspec = models.student_spec(args.student or pair.student)
+    lp = pairs.from_args(args)                       # a pair file's models and benchmarks are declared here
+    pair = lp.pair
+    sspec = models.student_spec(args.student) if args.student else lp.student
     args.max_prompt_len = args.max_prompt_len or sspec.max_prompt_len
     args.max_response_len = args.max_response_len or sspec.max_response_len
-    run_dir = Path(args.run_dir or f"runs/{args.pair}")
+    run_dir = Path(args.run_dir or f"runs/{lp.name}")
     out = run_dir / "train" / (args.run_name or args.reward)
-    settings = json.loads(json.dumps(vars(args), default=str))
+    settings = json.loads(json.dumps(vars(args), default=str)) | {"pair_name": lp.name,
+                                                                       "pair_sha256": lp.sha256}
     # one trainer per run folder: the launcher (or rank 0 of a torchrun launch) holds the lock for the run's life
     if os.environ.get("RANK", "0") == "0" and os.environ.get("OPD_RUN_LOCKED") != str(out.resolve()):
         lock = runs.RunLock(out)                                    # noqa: F841  (held until the process exits)
@@ -367,10 +369,10 @@ def main(argv=None):
     else:
         roles |= {"pi_pre": pair.pi_pre, "pi_post": pair.pi_post}
     if d.main:
-        resolved = models.resolve_roles(roles, run_dir, f"pair {args.pair}")
+        resolved = models.resolve_roles(roles, run_dir, f"pair {lp.name}")
     torch.distributed.barrier()
     if not d.main:
-        resolved = models.resolve_roles(roles, run_dir, f"pair {args.pair}")
+        resolved = models.resolve_roles(roles, run_dir, f"pair {lp.name}")
     check_context(args, resolved)                    # config.json only: before any weights are read
     from transformers import AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(resolved["student"].path)
@@ -425,7 +427,7 @@ def main(argv=None):
     step, stopped, t_mark = start, "collapse" if start and end == start < steps else None, time.monotonic()
     last_saved = start
     peak = peak_tflops(args.peak_tflops, d.device, bf16)
-    log(d, f"[03] {args.reward} | pair {args.pair} | student {sspec.model} ({n_params / 1e6:.1f}M) | {W} process(es) "
+    log(d, f"[03] {args.reward} | pair {lp.name} | student {sspec.model} ({n_params / 1e6:.1f}M) | {W} process(es) "
            f"on {d.device.type} | {steps} steps × {B} prompts × {n} rollouts | caps {args.max_prompt_len}/"
            f"{args.max_response_len}")
 
@@ -566,7 +568,8 @@ def main(argv=None):
     runs.fault("before-manifest", step)
     tracker.close()
     if d.main:
-        summary = watch.summary() | {"pair": args.pair, "reward": args.reward, "student": sspec.model,
+        summary = watch.summary() | {"pair": lp.name, "pair_sha256": lp.sha256, "reward": args.reward,
+                                     "student": sspec.model,
                                      "teachers": {k: resolved[k].provenance() for k in roles},
                                      "steps": steps, "last_step": step, "stopped": stopped, "seed": args.seed,
                                      "dropped_prompts": [i for i, _ in dropped]}

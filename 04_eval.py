@@ -29,7 +29,7 @@ from pathlib import Path
 
 from lib.cpu_repro import pin_if_toy
 pin_if_toy(sys.argv)  # the toy world's CPU math is pinned before torch is imported (lib/cpu_repro.py)
-from lib import models, registry
+from lib import models, pairs, registry
 from lib.artifacts import ArtifactError, code_hashes, sha256_bytes, wall_clock
 from lib.cli import ArgumentParser, HelpFormatter, fraction, path_name, positive_float, positive_int
 from lib.data import assistant_header, dapo_prompt, prompt_ids, render_chat, special_text, stable_seed
@@ -45,6 +45,7 @@ def parse_args(argv=None):
     p.add_argument("--run-dir", required=True, help="campaign directory (runs/<name>)")
     p.add_argument("--model", required=True,
                    help="registry alias, hub id (owner/name[@revision]), or a model / checkpoint folder")
+    pairs.add_arguments(p.add_argument, teachers=False, default=None)    # only to know a pair file's models
     p.add_argument("--revision", default=None, help="hub commit of --model (default: the registry's pin, else main)")
     p.add_argument("--alias", default=None, type=path_name,
                    help="unit alias (default: the registry alias, or <run>-step<N> for a checkpoint)")
@@ -165,6 +166,7 @@ def grade_and_write(plan: Plan, tokenizer, gens: list[dict], gate: dict, *, args
                        "benchmark_source": plan.bench_src, "benchmark_sha256": plan.config["benchmark_sha256"],
                        "chat_template_sha256": sha256_bytes((tokenizer.chat_template or "").encode()),
                        "rendered_tail_example": rendered[-64:],
+                       "rendered_example": rendered,          # the first problem's prompt, as the model read it
                        "generation": {k: plan.config[k] for k in ("n", "temperature", "top_p", "max_new_tokens",
                                                                    "backend", "dtype")},
                        "code": code_hashes(__file__)}}
@@ -218,6 +220,8 @@ def open_engine_for(plan: Plan, backend: str, dtype: str, batch_size: int, gpu_m
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.pair is not None:
+        pairs.from_args(args)                             # declares the pair file's models and benchmarks
     model = models.with_revision(args.model, args.revision)
     plan = plan_unit(args.run_dir, model, args.benchmark, args.protocol, alias=args.alias,
                      limit_problems=args.limit_problems, max_new_tokens=args.max_new_tokens, backend=args.backend,
@@ -226,11 +230,11 @@ def main(argv=None):
         print(f"[04_eval] {plan.out} exists with the same config and verified hashes: skipped (--skip-if-exists)")
         return plan.out
     tok = plan_tokenizer(plan)                            # a problem holding a special token's text: refused here
+    prompts = [prompt_ids(tok, r["problem"], **plan.chat_kwargs) for r in plan.rows]
+    gate = context_gate(plan, prompts)                    # config.json only: refused before any weights load
     engine, tok, n_gpu = open_engine_for(plan, args.backend, args.dtype, args.sample_batch, args.gpu_memory_utilization,
                                          tok)
     started, t0 = wall_clock()
-    prompts = [prompt_ids(tok, r["problem"], **plan.chat_kwargs) for r in plan.rows]
-    gate = context_gate(plan, prompts)
     gens = generate(plan, engine, tok, prompts)
     return grade_and_write(plan, tok, gens, gate, args=vars(args), started=started, t0=t0,
                            grade_timeout=args.grade_timeout, gpu_s_per_s=n_gpu)

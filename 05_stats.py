@@ -44,13 +44,15 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from lib.artifacts import (ArtifactError, atomic_write_json, read_json, sha256_file, verify_dir, wall_clock,
                            write_manifest)
+from lib import models, pairs
 from lib.cli import ArgumentParser, HelpFormatter, nonnegative_int, positive_int
 from lib.errors import refuse_in_one_line
-from lib.registry import HYPOTHESES, PAIRS, PROTOCOLS, STUDENTS
+from lib.registry import HYPOTHESES, PAIRS, PROTOCOLS
 from lib.report import stats
 from lib.report.campaign import (BUDGET_STOPPED, CURVE_KEYS, STOPPED_COLLAPSE, UNFINISHED, check_same_benchmark,
                                  collapse_watch, diagnostics, earlier_runs, find_runs, find_stopped_runs, load_run,
@@ -65,8 +67,7 @@ refuse_in_one_line("05_stats", ArtifactError, stats.AlignmentError)
 # --- args ---
 ap = ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
 ap.add_argument("--run-dir", required=True, help="campaign directory, e.g. runs/toy")
-ap.add_argument("--pair", default=None, choices=sorted(PAIRS),
-                help="teacher pair of the campaign; default: the pair recorded in the run summaries / eval manifests")
+pairs.add_arguments(ap.add_argument, default=None)   # default: the pair recorded in the run summaries
 ap.add_argument("--n-boot", type=positive_int, default=stats.N_BOOT, help="bootstrap resamples (DESIGN.md §6: 10,000)")
 ap.add_argument("--seed", type=nonnegative_int, default=stats.SEED, help="bootstrap RNG seed (DESIGN.md §6: 42)")
 args = ap.parse_args()
@@ -98,17 +99,22 @@ for r in runs + unfinished:
 def recorded_pairs() -> set[str]:
     """The pair each stage says it ran for: run summaries, checkpoint/eval manifests' args."""
     found = {r["summary"].get("pair") for r in runs} | {u.manifest.get("args", {}).get("pair") for u in units}
-    return {p for p in found if p}
+    return {p for p in found if p and not pairs.is_pair_file(p)}      # a file's runs record its name too
 
 
-pairs = recorded_pairs()
-if args.pair:
-    pair_name = args.pair
-elif len(pairs) == 1:
-    pair_name = pairs.pop()
-else:
-    raise SystemExit(f"cannot tell the campaign's pair: recorded {sorted(pairs) or 'none'}; pass --pair NAME")
-pair = PAIRS[pair_name]
+recorded = recorded_pairs()
+if args.pair is None and len(recorded) != 1:
+    raise SystemExit(f"cannot tell the campaign's pair: recorded {sorted(recorded) or 'none'}; pass --pair NAME|FILE")
+if args.pair is None and (only := next(iter(recorded))) not in PAIRS:
+    raise SystemExit(f"the campaign's pair {only!r} is not registered: pass --pair with its .toml file")
+lp = pairs.load(args.pair or next(iter(recorded)), args.pi_pre, args.pi_post)
+pair_name = lp.name
+if other := sorted({r["summary"]["pair_sha256"] for r in runs if r["summary"].get("pair") == pair_name
+                    and r["summary"].get("pair_sha256", lp.sha256) != lp.sha256}):
+    raise SystemExit(f"pair {pair_name}: training runs recorded it with sha256 {other[0][:12]}…, but the pair given "
+                     f"now has {lp.sha256[:12]}…: the pair file changed since; restore it, or use another --run-dir")
+# units are named by model alias: a pair's folder or hub id becomes the alias its units carry
+pair = replace(lp.pair, **{k: models.model_spec(getattr(lp.pair, k), run_dir).alias for k in ("pi_pre", "pi_post")})
 print(f"05_stats: {run_dir} pair={pair_name} units={len(units)} runs={len(runs)}")
 
 # --- conditions: runs of identical settings but the seed (lib/report/conditions.py); only these are pooled ---
@@ -314,7 +320,7 @@ for t in teacher:
 def role(u) -> str:
     if u.model.get("train_run") is not None:
         return "checkpoint"
-    inits = {g["student_init"] for g in student} | {STUDENTS[pair.student].model}
+    inits = {g["student_init"] for g in student} | {lp.student.model}
     return {"raft": "raft_teacher", pair.pi_pre: "pi_pre", pair.pi_post: "pi_post"}.get(u.alias) or \
         ("student_init" if u.alias in inits else "other")
 
@@ -504,7 +510,8 @@ print("  roster: " + ", ".join(f"{n} {st}" for st, n in counts.items()))
 
 # --- write ---
 for name, obj in {
-    "teacher_gains.json": {"pair": pair_name, "pi_pre": pair.pi_pre, "pi_post": pair.pi_post, "gate": gate,
+    "teacher_gains.json": {"pair": pair_name, "pair_sha256": lp.sha256, "evals": [list(e) for e in pair.evals],
+                           "pi_pre": pair.pi_pre, "pi_post": pair.pi_post, "gate": gate,
                            "gains": teacher, "n_boot": args.n_boot, "seed": args.seed},
     "student_gains.json": {"pair": pair_name, "gains": student, "scan": scan, "missing_baselines": missing,
                            "by_condition": by_condition, "family": family},

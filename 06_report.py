@@ -143,7 +143,7 @@ gate = T["gate"]
 gate_entry = next((t for t in teacher if (t["benchmark"], t["protocol"]) == (gate["benchmark"], gate["protocol"])),
                   None)
 primary = {}                         # benchmark → its primary protocol: the first the pair's eval list names for it
-for bench, proto in PAIRS[T["pair"]].evals:
+for bench, proto in T.get("evals") or PAIRS[T["pair"]].evals:     # a pair file's evals: recorded by 05
     primary.setdefault(bench, proto)
 for t in teacher + student:
     primary.setdefault(t["benchmark"], t["protocol"])

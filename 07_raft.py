@@ -48,7 +48,7 @@ from lib.cpu_repro import pin_if_toy
 pin_if_toy(sys.argv)  # the toy world's CPU math is pinned before torch is imported (lib/cpu_repro.py)
 import torch
 
-from lib import benchmarks, models, registry, runs
+from lib import benchmarks, models, pairs, registry, runs
 from lib.artifacts import (atomic_write_json, atomic_write_jsonl, read_json, read_jsonl, read_manifest, sha256_bytes,
                            sha256_file, verify_dir, wall_clock, write_manifest)
 from lib.cli import (ArgumentParser, HelpFormatter, fraction, nonnegative_float, nonnegative_int, open_fraction,
@@ -65,8 +65,10 @@ def parse_args(argv=None):
     p = ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     a = p.add_argument
     a("--run-dir", required=True, help="campaign directory; outputs go to <run-dir>/raft/")
-    a("--pair", default="toy", choices=sorted(registry.PAIRS),
-      help="whose π_pre and training prompts (toy, toy-raft, raft, …)")
+    pairs.add_arguments(a, teachers=False)          # whose π_pre and training prompts (toy, toy-raft, raft, a file …)
+    a("--train-data", default=None, help="training prompts with gold answers: a registry benchmark or a jsonl/parquet "
+                                         "path (default: the pair's); rows without a gold answer are skipped and "
+                                         "counted")
     a("--stage", default="all", choices=["sample", "sft", "probe", "all"], help="which stage(s) to run")
     # stage 1
     a("--k", type=positive_int, default=4, help="samples per prompt, seeds 0..k-1 (DESIGN.md §9: 4)")
@@ -129,6 +131,22 @@ def fmt_pct(d: dict) -> str:
     return "{" + ", ".join(f"{k}: {'—' if v is None else f'{v:.1f}'}" for k, v in d.items()) + "}"
 
 
+def check_context(model_path: Path, longest_prompt: int, cap: int) -> None:
+    """The longest rendered prompt plus the sampling cap must fit π_pre's positions (read from config.json, before
+    the weights load): a longer sample would be cut by the model, not by the cap."""
+    limit = read_json(Path(model_path) / "config.json").get("max_position_embeddings")
+    if limit is not None and longest_prompt + cap > limit:
+        sys.exit(f"[07] context: longest prompt {longest_prompt} tokens + cap {cap} = {longest_prompt + cap} > π_pre's "
+                 f"max_position_embeddings {limit}; lower --max-new-tokens")
+
+
+def split_gold(rows: list[dict]) -> tuple[list[dict], list[str]]:
+    """(rows with a gradable gold answer, ids of those without one): RAFT keeps only verified samples, so a row
+    with no gold (null, empty or blank) cannot be used; it is skipped, counted and listed in stage1.json."""
+    keep = [r for r in rows if r.get("answer") is not None and str(r["answer"]).strip()]
+    return keep, [r["id"] for r in rows if r not in keep]
+
+
 def chat_kwargs(alias: str) -> dict:
     """Template kwargs of a registry model (Qwen3: thinking mode)."""
     return {"enable_thinking": True} if models.model_spec(alias).thinking else {}
@@ -136,10 +154,10 @@ def chat_kwargs(alias: str) -> dict:
 
 # --- stage 1: rejection sampling ---
 
-def stage_sample(args, out, base, pre, tok, rows):
+def stage_sample(args, out, base, pre, tok, rows, skipped):
     cap = args.max_new_tokens or models.model_spec(base).eval_max_new_tokens
     config = {"base": base, "model": {k: v for k, v in pre.provenance().items() if k != "path"},
-              "train_data": registry.PAIRS[args.pair].train_data, "problem_ids_sha256":
+              "train_data": args.train_data, "problem_ids_sha256":
               sha256_bytes("\n".join(r["id"] for r in rows).encode()), "n_prompts": len(rows), "k": args.k,
               "temperature": args.temperature, "top_p": args.top_p, "max_new_tokens": cap, "chunks": args.chunks,
               "backend": args.backend, "seeds": "lib.data.stable_seed(problem id, s), s = 0..k-1"}
@@ -154,6 +172,7 @@ def stage_sample(args, out, base, pre, tok, rows):
     kw = chat_kwargs(base)
     refuse_special_text(tok, rows, "the RAFT training prompts")
     prompts = [prompt_ids(tok, r["problem"], **kw) for r in rows]
+    check_context(pre.path, max(map(len, prompts)), cap)          # config.json only: before any weights are read
     engine = None
 
     def draw(batch):   # one row per prompt: its k graded samples and which one is kept
@@ -206,7 +225,8 @@ def stage_sample(args, out, base, pre, tok, rows):
              "completion": next(s["completion"] for s in r["samples"] if s["seed"] == r["kept_seed"])}
             for r in done if r["kept_seed"] is not None]
     atomic_write_jsonl(out / "kept.jsonl", kept)
-    atomic_write_json(out / "stage1.json", {**stats, "base": base, "max_new_tokens": cap, "config": config})
+    atomic_write_json(out / "stage1.json", {**stats, "base": base, "max_new_tokens": cap, "config": config,
+                                            "skipped_no_gold": {"n": len(skipped), "ids": skipped}})
     g1 = stats["gate_g1"]
     log(f"[07] stage 1: {stats['kept']} of {stats['n_prompts']} prompts kept ({stats['keep_rate_pct']:.1f} %), "
         f"by level {fmt_pct(stats['keep_rate_by_level_pct'])}; n-correct-of-{args.k} {stats['n_correct_of_k']}; "
@@ -325,7 +345,7 @@ def stage_sft(args, out, base, pre, tok):
 
 # --- stage 3: shift sanity, EOS probe, weight change, shift anatomy ---
 
-def stage_probe(args, out, base, pre, tok):
+def stage_probe(args, out, base, pre, tok, lp):
     m = verify_dir(out, ["kept.jsonl", "sft.json"])
     verify_dir(out, [f for f in m["outputs"] if f.startswith("model/")])      # the weights the probe reads
     sft = read_json(out / "sft.json")
@@ -346,7 +366,8 @@ def stage_probe(args, out, base, pre, tok):
     log(f"[07] EOS probe: mean log p(stop) at the true end: π_pre {e['pi_pre']:.4f}, RAFT {e['raft']:.4f} "
         f"(Δ {e['delta']:+.4f}); weights moved L2 {probe['weights']['l2']:.3f}")
 
-    raft_pairs = [n for n, p in registry.PAIRS.items() if p.pi_post == "raft" and p.pi_pre == base]
+    raft_pairs = [lp] if lp.pair.pi_post == "raft" else [
+        pairs.load(n) for n, p in registry.PAIRS.items() if p.pi_post == "raft" and p.pi_pre == base]
     if args.anatomy_prompts and raft_pairs:
         probe["anatomy"] = anatomy(args, out, raft_pairs[0])
     elif args.anatomy_prompts:
@@ -354,11 +375,10 @@ def stage_probe(args, out, base, pre, tok):
     atomic_write_json(out / "probe.json", probe)
 
 
-def anatomy(args, out, pair_name) -> dict:
+def anatomy(args, out, lp) -> dict:
     """01_gates' shift anatomy of the RAFT pair (lib/gates/anatomy.py, the same driver): the pair's student samples the
     training prompts, π_pre and RAFT score its tokens. Written to raft/anatomy/; the headline numbers are returned."""
-    pair = registry.PAIRS[pair_name]
-    student = registry.STUDENTS[pair.student]
+    pair, student, pair_name = lp.pair, lp.student, lp.name
     cfg = lib_anatomy.Settings(max_prompt_len=student.max_prompt_len, max_response_len=student.max_response_len,
                                prompts=args.anatomy_prompts, backend=args.backend, bootstrap=args.anatomy_bootstrap)
     roles = lib_anatomy.load_roles(pair, pair.student, args.run_dir)
@@ -380,14 +400,16 @@ def anatomy(args, out, pair_name) -> dict:
 
 # --- stats.json (the keys 05_stats / 06_report read) and the manifest ---
 
-def write_stats(args, out, base, pre, started, wall, stage):
+def write_stats(args, out, base, pre, started, wall, stage, lp):
     s1 = read_json(out / "stage1.json") if (out / "stage1.json").exists() else {}
     sft = read_json(out / "sft.json") if (out / "sft.json").exists() else {}
     pr = read_json(out / "probe.json") if (out / "probe.json").exists() else {}
     keys = ("n_prompts", "k", "kept", "keep_rate_pct", "keep_rate_by_level_pct", "n_correct_of_k", "rejection_reasons",
             "gate_g1", "kept_by_seed", "sample_accuracy_pct", "pass_at_k_pct", "truncation_rate_pct", "kept_tokens",
             "kept_extractors", "kept_verify_methods", "max_new_tokens")
-    stats = {"base": base, "pair": args.pair, **{k: s1[k] for k in keys if k in s1}}
+    stats = {"base": base, "pair": lp.name, **{k: s1[k] for k in keys if k in s1}}
+    if "skipped_no_gold" in s1:
+        stats["skipped_no_gold"] = s1["skipped_no_gold"]["n"]
     if sft:
         stats["sft"] = ({k: sft[k] for k in ("val_loss", "train_loss", "n_train", "n_val", "steps", "warmup_steps",
                                              "checkpoints", "supervised_tokens", "max_grad_norm", "precision",
@@ -412,12 +434,12 @@ def write_stats(args, out, base, pre, started, wall, stage):
                               "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}}
     names = ["samples", "kept.jsonl", "stage1.json", "sft.json", "sft_metrics.jsonl", "ckpt_025", "ckpt_050",
              "ckpt_075", "ckpt_100", "model", "probe.json", "anatomy", "stats.json"]
-    train_src = benchmarks.benchmark_source(registry.PAIRS[args.pair].train_data)
+    train_src = benchmarks.benchmark_source(args.train_data)
     inputs = {"pi_pre": pre.provenance()} | ({"train_data": train_src} if Path(train_src).exists() else {})
     write_manifest(out, stage="07_raft", script=__file__, args=vars(args), inputs=inputs,
                    outputs=[n for n in names if (out / n).exists()], started=min(v["started"] for v in stages.values()),
                    wall_s=sum(v["wall_s"] for v in stages.values()), gpu_s=sum(v["gpu_s"] for v in stages.values()),
-                   extra={"stages": stages, "base": base, "pair": args.pair})
+                   extra={"stages": stages, "base": base} | lp.record())
 
 
 def relaunch_sft(argv):
@@ -443,8 +465,9 @@ def main(argv=None):
     under_torchrun = "RANK" in os.environ
     if under_torchrun and args.stage != "sft":
         sys.exit("under torchrun only --stage sft runs (sampling and the probe are single-process): pass --stage sft")
-    pair = registry.PAIRS[args.pair]
-    base = pair.pi_pre
+    lp = pairs.from_args(args)                       # a pair file's models and benchmarks are declared here
+    args.train_data = args.train_data or lp.pair.train_data
+    base = lp.pair.pi_pre
     run_dir, out = Path(args.run_dir), Path(args.run_dir) / "raft"
     # one RAFT process per run dir (a relaunched SFT's ranks run under their launcher's lock), as 03 holds its run's
     if os.environ.get("RANK", "0") == "0" and os.environ.get("OPD_RUN_LOCKED") != str(out.resolve()):
@@ -456,10 +479,14 @@ def main(argv=None):
 
     if args.stage in ("sample", "all"):
         started, t0 = wall_clock()
-        rows, _ = benchmarks.load_benchmark(pair.train_data, require_answer=True)
-        if stage_sample(args, out, base, pre, tok, evenly_spaced(rows, args.limit_prompts)) == "time_limit":
+        rows, skipped = split_gold(benchmarks.load_benchmark(args.train_data, require_answer=False)[0])
+        if skipped:
+            log(f"[07] {len(skipped)} training row(s) have no gold answer and are skipped (listed in stage1.json): "
+                f"{', '.join(skipped[:5])}{' …' if len(skipped) > 5 else ''}")
+        rows = evenly_spaced(rows, args.limit_prompts)
+        if stage_sample(args, out, base, pre, tok, rows, skipped) == "time_limit":
             return
-        write_stats(args, out, base, pre, started, time.monotonic() - t0, "sample")
+        write_stats(args, out, base, pre, started, time.monotonic() - t0, "sample", lp)
     if args.stage in ("sft", "all"):
         started, t0 = wall_clock()
         if args.nproc > 1 and not under_torchrun:
@@ -467,11 +494,11 @@ def main(argv=None):
         else:
             stage_sft(args, out, base, pre, tok)
         if int(os.environ.get("RANK", "0")) == 0:
-            write_stats(args, out, base, pre, started, time.monotonic() - t0, "sft")
+            write_stats(args, out, base, pre, started, time.monotonic() - t0, "sft", lp)
     if args.stage in ("probe", "all"):
         started, t0 = wall_clock()
-        stage_probe(args, out, base, pre, tok)
-        write_stats(args, out, base, pre, started, time.monotonic() - t0, "probe")
+        stage_probe(args, out, base, pre, tok, lp)
+        write_stats(args, out, base, pre, started, time.monotonic() - t0, "probe", lp)
     log(f"[07] wrote {out / 'stats.json'}")
 
 

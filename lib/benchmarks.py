@@ -1,7 +1,8 @@
 """Benchmark resolution: a benchmark name or a path → its rows and where they were read from (DESIGN.md §2).
 
 A registered benchmark is read from its file in the data directory ($OPD_DATA_DIR, else ../shared/data beside the
-checkout), else from its pinned hub copy; toy benchmarks live inside the toy world. Any other name must be a path.
+checkout), else from its pinned hub copy; toy benchmarks live inside the toy world. A benchmark that the loaded pair
+file declares (lib/pairs.py) is its source's N evenly spaced rows. Any other name must be a path.
 """
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import os
 from pathlib import Path
 
 from lib.artifacts import REPO
-from lib.data import load_rows
+from lib.data import evenly_spaced, load_rows
 from lib.errors import UserError
+from lib.pairs import declared_benchmark
 from lib.registry import BENCHMARKS
 
 
@@ -31,6 +33,8 @@ def looks_like_path(name: str) -> bool:
 
 def benchmark_source(name: str) -> str:
     """The path (or hf://owner/name@revision:split) a benchmark is read from."""
+    if (declared := declared_benchmark(name)) is not None:
+        return benchmark_source(declared.source)
     if name not in BENCHMARKS:
         if Path(name).exists():
             return name
@@ -77,6 +81,16 @@ def verified_toy_data(path: Path) -> Path:
 
 def load_benchmark(name: str, require_answer: bool = True) -> tuple[list[dict], str]:
     """(rows, source) for a registered benchmark name or a path; training prompts pass require_answer=False."""
+    if (declared := declared_benchmark(name)) is not None:
+        rows, src = load_benchmark(declared.source, require_answer)
+        if declared.limit_problems is not None and declared.limit_problems < len(rows):
+            rows = evenly_spaced(rows, declared.limit_problems)
+        return rows, src
     src = benchmark_source(name)
     rows = load_rows(src, BENCHMARKS[name].id_field if name in BENCHMARKS else "id", require_answer)
     return rows, src
+
+
+def is_known(name: str) -> bool:
+    """A registered benchmark or one the loaded pair file declares (its units take the name, not a file's stem)."""
+    return name in BENCHMARKS or declared_benchmark(name) is not None

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from lib.artifacts import read_json, sha256_tree
 from lib.errors import UserError
+from lib.pairs import declared_model
 from lib.registry import MODELS, STUDENTS, Model, Student
 
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
@@ -41,8 +42,9 @@ def with_revision(name: str, revision: str | None) -> str:
 
 
 def registered(name: str) -> Model | None:
-    """The registry entry of an alias or of a registered hub id."""
-    return MODELS.get(name) or next((m for m in MODELS.values() if m.hub_id and m.hub_id == name), None)
+    """The registry entry of an alias or of a registered hub id, or a model the loaded pair file declares."""
+    return (MODELS.get(name) or declared_model(name)
+            or next((m for m in MODELS.values() if m.hub_id and m.hub_id == name), None))
 
 
 def is_hub_id(name: str) -> bool:
@@ -65,7 +67,7 @@ def model_spec(name: str, run_dir: str | Path | None = None) -> Model:
         hub = base_name if is_hub_id(base_name) else None
         return Model(base_name.replace("/", "--") if hub else Path(base_name).name, hub_id=hub)
     if m.run_path and run_dir is not None and (f := Path(run_dir) / m.run_path / BASE_FILE).exists():
-        base = MODELS.get(read_json(f).get("base"))
+        base = registered(read_json(f).get("base") or "")
         if base is not None:
             return replace(m, eval_max_new_tokens=base.eval_max_new_tokens, thinking=base.thinking)
     return m
@@ -180,6 +182,12 @@ def resolve_model(name: str, run_dir: str | Path | None = None, revision: str | 
     if m is not None and m.shape:
         from lib import shapes
         return Resolved(m.alias, shapes.model_dir(*m.shape), resolved_revision=f"random:{m.shape[0]}:seed{m.shape[1]}")
+    if m is not None and m.folder:
+        p = Path(m.folder)
+        if not (p / "config.json").exists():
+            raise UserError(f"model {m.alias}: its folder {p} (declared by the pair file) has no config.json; fix the "
+                            f"pair file's [models.{m.alias}] folder")
+        return Resolved(m.alias, p, resolved_revision="local:" + sha256_tree(p)[:16])
     if m is not None and m.run_path:
         if run_dir is None:
             raise UserError(f"model {m.alias} lives in a campaign directory ({m.run_path}); pass --run-dir")

@@ -20,6 +20,7 @@ class Model:
     revision: str | None = None       # the pinned hub commit (40 hex); every hub model has one
     toy: str | None = None            # name inside the toy world (lib/toy/builder.py)
     run_path: str | None = None       # folder relative to the campaign directory
+    folder: str | None = None         # a local model folder (a pair file's [models] table, lib/pairs.py)
     shape: tuple | None = None        # (real shape, seed): random weights for speed runs (lib/shapes.py)
     eval_max_new_tokens: int = EVAL_MAX_NEW_TOKENS
     thinking: bool = False            # Qwen3: chat template rendered with enable_thinking=True

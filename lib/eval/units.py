@@ -115,7 +115,7 @@ def plan_unit(run_dir, model_name, benchmark, protocol, *, alias=None, limit_pro
     model.extra.update({k: ckpt.get(k) for k in ("run", "step", "student_init")})
 
     rows, src = benchmarks.load_benchmark(benchmark)
-    bench_name = benchmark if benchmark in registry.BENCHMARKS else Path(benchmark).stem
+    bench_name = benchmark if benchmarks.is_known(benchmark) else Path(benchmark).stem
     if why := name_error(bench_name):                       # a file's stem: `...jsonl` is '..'
         raise UserError(f"benchmark file {benchmark}: its stem becomes the unit's folder, but {why}; rename the file")
     deviations = []

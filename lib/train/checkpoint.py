@@ -26,7 +26,7 @@ def save(args, d, student, optim, kl, watch, step, out, resolved, sspec, run_dir
     A full disk is one line that says so: the last complete checkpoint stays in place, the partial one is removed."""
     t0 = time.monotonic()
     runs.fault("before-checkpoint", step)
-    meta = {"run": out.name, "step": step, "pair": args.pair, "reward": args.reward,
+    meta = {"run": out.name, "step": step, "pair": settings.get("pair_name", args.pair), "reward": args.reward,
             "student_init": sspec.model, "campaign": run_dir.name}
     ck = out / f"step_{step:06d}"
     try:
