@@ -140,6 +140,9 @@ def parse_args(argv=None):
     a("--offload-optimizer", action="store_true",
       help="AdamW's moments in host memory, streamed through the GPU at each step (lib/train/dist.OffloadAdamW; the "
            "same arithmetic): 8 bytes a parameter off the device, e.g. a 7B student beside its reference on one GPU")
+    a("--sampler-sleep", action="store_true",
+      help="the built-in sampler (--backend hf) frees its KV cache and CUDA graphs after each generation and rebuilds "
+           "them for the next (as colocated vLLM sleeps): the trainer gets that memory for scoring and the update")
     args = p.parse_args(argv)
     cuda = torch.cuda.is_available()                     # both recorded as what ran: on or off
     args.compile, args.packing = resolve_auto(args.compile, cuda), resolve_auto(args.packing, cuda, "--packing")
@@ -448,7 +451,7 @@ def main(argv=None):
         req_seeds = [stable_seed(args.seed, "rollout", rows[i]["id"], j) for i in mine for j in range(n)]
         outs = sample(engine, req_prompts, req_seeds, temperature=args.temperature, top_p=args.top_p,
                       max_new_tokens=args.max_response_len, progress=False)
-        if args.backend == "vllm":
+        if args.backend == "vllm" or args.sampler_sleep:
             engine.sleep()
         clock.mark("gen")
 
