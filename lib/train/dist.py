@@ -384,7 +384,7 @@ class OffloadAdamW(torch.optim.AdamW):
             up = torch.cuda.Stream(_local(live[0]).device) if cuda else None
             down = torch.cuda.Stream(_local(live[0]).device) if cuda else None
             chunks = self._chunks(live)
-            staged = self._upload(chunks[0], up)
+            staged, done = self._upload(chunks[0], up), []
             for i, chunk in enumerate(chunks):
                 lo, m, v, ready = staged
                 if cuda:
@@ -392,6 +392,8 @@ class OffloadAdamW(torch.optim.AdamW):
                     main.wait_event(ready)
                     m.record_stream(main)
                     v.record_stream(main)
+                if i >= 1 and cuda:       # the host waits for chunk i−1's download: ≤ 3 chunks' moments on the device
+                    done[i - 1].synchronize()
                 if i + 1 < len(chunks):
                     staged = self._upload(chunks[i + 1], up)
                 self._step_chunk(group, chunk, lo, m, v)
@@ -403,6 +405,7 @@ class OffloadAdamW(torch.optim.AdamW):
                         self._v[lo:hi].copy_(v, non_blocking=True)
                     m.record_stream(down)
                     v.record_stream(down)
+                    done.append(down.record_event())
                 else:
                     self._m[lo:hi].copy_(m)
                     self._v[lo:hi].copy_(v)
