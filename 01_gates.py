@@ -23,7 +23,6 @@ Reads: the registry's models (resolved to folders) and benchmark files. Writes r
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -34,7 +33,8 @@ pin_if_toy(sys.argv)  # the toy world's CPU math is pinned before torch is impor
 from lib import benchmarks, models, pairs, registry
 from lib.artifacts import (ArtifactError, atomic_write_json, atomic_write_text, read_json, read_manifest, verify_dir,
                            wall_clock, write_manifest)
-from lib.cli import HelpFormatter, positive_int
+from lib.cli import (ArgumentParser, HelpFormatter, finite_float, fraction, nonnegative_float, nonnegative_int,
+                     positive_float, positive_int)
 from lib.data import assistant_header, dapo_prompt, prompt_ids, refuse_special_text, render_chat
 from lib.gates import anatomy, chat_template, checks
 
@@ -42,7 +42,7 @@ GATES = ("tokenizer", "prompt_length", "context", "template", "anatomy")
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     a, D = p.add_argument, anatomy.Settings          # D: the anatomy's defaults, declared in lib/gates/anatomy.py
     pairs.add_arguments(a)
     a("--student", default=None, help=f"student (default: the pair's): one of {sorted(registry.STUDENTS)}, "
@@ -59,26 +59,26 @@ def parse_args(argv=None):
     a("--anatomy-prompts", type=positive_int, default=D.prompts,
       help="evenly spaced training prompts the anatomy samples")
     a("--anatomy-samples", type=positive_int, default=D.samples, help="samples per anatomy prompt")
-    a("--temperature", type=float, default=D.temperature, help="anatomy sampling temperature (the training rollouts')")
-    a("--top-p", type=float, default=D.top_p, help="anatomy sampling top-p (the training rollouts')")
+    a("--temperature", type=positive_float, default=D.temperature, help="anatomy sampling temperature (the training rollouts')")
+    a("--top-p", type=fraction, default=D.top_p, help="anatomy sampling top-p (the training rollouts')")
     a("--topk", type=positive_int, default=D.topk, help="K of the student-weighted (delta-topk) mean")
-    a("--min-stop-delta", type=float, default=D.min_stop_delta,
+    a("--min-stop-delta", type=finite_float, default=D.min_stop_delta,
       help="FAIL if mean Δ at the terminal stop token is below this (nats). Source report: OpenThinker3 pair −90 "
            "(collapsed at step 10-13), RL pair −6.3 (stable), RAFT −0.006")
-    a("--min-abs-delta", type=float, default=D.min_abs_delta,
+    a("--min-abs-delta", type=nonnegative_float, default=D.min_abs_delta,
       help="FAIL if the shift magnitude mean |Δ| per token is below this (source: corpus pairs 2.7, RAFT 0.099 — "
            "too small to transfer at 7B in 100 steps)")
-    a("--min-pos-frac", type=float, default=D.min_pos_frac,
+    a("--min-pos-frac", type=fraction, default=D.min_pos_frac,
       help="FAIL if fewer of the student's tokens have Δ > 0, counted where |Δ| ≥ --tie-tol (source: corpus-SFT "
            "pairs 23-34 %% collapsed; RL 58 %%, RAFT 84.7 %% did not)")
-    a("--tie-tol", type=float, default=D.tie_tol, help="|Δ| (nats) below which a token is a tie for --min-pos-frac")
+    a("--tie-tol", type=nonnegative_float, default=D.tie_tol, help="|Δ| (nats) below which a token is a tie for --min-pos-frac")
     a("--auroc-bins", type=positive_int, default=D.auroc_bins,
       help="length-quantile bins of the length-controlled AUROC")
     a("--bootstrap", type=positive_int, default=D.bootstrap, help="bootstrap resamples of the AUROC CI (rng seed 42)")
     a("--backend", default=D.backend, choices=["hf", "vllm"], help="anatomy sampling engine (lib/sample/engine.py)")
     a("--scoring", default=D.scoring, choices=["fused-linear", "logits"], help="TokenScorer projection path")
     a("--micro-batch", type=positive_int, default=D.micro_batch, help="sequences per scoring forward")
-    a("--seed", type=int, default=D.seed, help="anatomy sampling seeds: stable_seed(seed, 'anatomy', id, j)")
+    a("--seed", type=nonnegative_int, default=D.seed, help="anatomy sampling seeds: stable_seed(seed, 'anatomy', id, j)")
     return p.parse_args(argv)
 
 

@@ -44,6 +44,11 @@ def _number(text: str) -> float:
     return value
 
 
+def finite_float(text: str) -> float:
+    """argparse `type=` for any finite number (a threshold that may be negative)."""
+    return _number(text)
+
+
 def positive_float(text: str) -> float:
     """argparse `type=` for a rate, a bound or a time: a finite number > 0."""
     value = _number(text)

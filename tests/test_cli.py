@@ -85,7 +85,10 @@ def test_an_ordinary_name_is_accepted(name):
                                          ("03_opd_train.py", "--top-p=1.5"), ("03_opd_train.py", "--temperature=0"),
                                          ("03_opd_train.py", "--run-name=../../x"), ("07_raft.py", "--lr=-1"),
                                          ("07_raft.py", "--val-frac=1"), ("04_eval.py", "--alias=../../x"),
-                                         ("04_eval.py", "--grade-timeout=0")])
+                                         ("04_eval.py", "--grade-timeout=0"), ("01_gates.py", "--top-p=1.5"),
+                                         ("01_gates.py", "--temperature=0"), ("01_gates.py", "--tie-tol=-1"),
+                                         ("01_gates.py", "--min-stop-delta=nan"), ("02_baselines.py",
+                                                                                   "--max-new-tokens=0")])
 def test_stages_refuse_a_bad_flag_in_one_line_before_anything(script, flag, tmp_path):
     required = ["--model=toy-pre", "--benchmark=toy", "--protocol=greedy"] if script == "04_eval.py" else []
     args = [sys.executable, script, f"--run-dir={tmp_path / 'run'}", *required, flag]
