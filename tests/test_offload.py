@@ -84,11 +84,12 @@ def _state(run):
 @pytest.mark.e2e
 def test_03_offloaded_equals_plain_and_resumes(tmp_path):
     """03 itself, FSDP2 on gloo: the offloaded run's metrics, fp32 master weights and AdamW state equal the plain
-    run's to the bit; killed after step 3 is logged (its last checkpoint step 2) and rerun, it still does."""
+    run's to the bit (that run also with --sampler-sleep: the sampler rebuilt every step draws the same rollouts);
+    killed after step 3 is logged (its last checkpoint step 2) and rerun, it still does."""
     builder.build()
     plain, off, killed = tmp_path / "plain", tmp_path / "off", tmp_path / "killed"
     run_script("03_opd_train.py", *SMALL, f"--run-dir={plain}")
-    run_script("03_opd_train.py", *SMALL, f"--run-dir={off}", "--offload-optimizer")
+    run_script("03_opd_train.py", *SMALL, f"--run-dir={off}", "--offload-optimizer", "--sampler-sleep")
     p = run_script("03_opd_train.py", *SMALL, f"--run-dir={killed}", "--offload-optimizer", check=False,
                    env={"OPD_KILL_AT": "step-logged:3"})
     assert p.returncode != 0
