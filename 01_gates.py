@@ -59,7 +59,8 @@ def parse_args(argv=None):
     a("--anatomy-prompts", type=positive_int, default=D.prompts,
       help="evenly spaced training prompts the anatomy samples")
     a("--anatomy-samples", type=positive_int, default=D.samples, help="samples per anatomy prompt")
-    a("--temperature", type=positive_float, default=D.temperature, help="anatomy sampling temperature (the training rollouts')")
+    a("--temperature", type=positive_float, default=D.temperature,
+      help="anatomy sampling temperature (the training rollouts')")
     a("--top-p", type=fraction, default=D.top_p, help="anatomy sampling top-p (the training rollouts')")
     a("--topk", type=positive_int, default=D.topk, help="K of the student-weighted (delta-topk) mean")
     a("--min-stop-delta", type=finite_float, default=D.min_stop_delta,
@@ -71,14 +72,16 @@ def parse_args(argv=None):
     a("--min-pos-frac", type=fraction, default=D.min_pos_frac,
       help="FAIL if fewer of the student's tokens have Δ > 0, counted where |Δ| ≥ --tie-tol (source: corpus-SFT "
            "pairs 23-34 %% collapsed; RL 58 %%, RAFT 84.7 %% did not)")
-    a("--tie-tol", type=nonnegative_float, default=D.tie_tol, help="|Δ| (nats) below which a token is a tie for --min-pos-frac")
+    a("--tie-tol", type=nonnegative_float, default=D.tie_tol,
+      help="|Δ| (nats) below which a token is a tie for --min-pos-frac")
     a("--auroc-bins", type=positive_int, default=D.auroc_bins,
       help="length-quantile bins of the length-controlled AUROC")
     a("--bootstrap", type=positive_int, default=D.bootstrap, help="bootstrap resamples of the AUROC CI (rng seed 42)")
     a("--backend", default=D.backend, choices=["hf", "vllm"], help="anatomy sampling engine (lib/sample/engine.py)")
     a("--scoring", default=D.scoring, choices=["fused-linear", "logits"], help="TokenScorer projection path")
     a("--micro-batch", type=positive_int, default=D.micro_batch, help="sequences per scoring forward")
-    a("--seed", type=nonnegative_int, default=D.seed, help="anatomy sampling seeds: stable_seed(seed, 'anatomy', id, j)")
+    a("--seed", type=nonnegative_int, default=D.seed,
+      help="anatomy sampling seeds: stable_seed(seed, 'anatomy', id, j)")
     return p.parse_args(argv)
 
 

@@ -70,6 +70,10 @@ def parse_args(argv=None):
                                          "path (default: the pair's); rows without a gold answer are skipped and "
                                          "counted")
     a("--stage", default="all", choices=["sample", "sft", "probe", "all"], help="which stage(s) to run")
+    a("--targets", default="samples", choices=["samples", "gold"],
+      help="what the SFT learns: `samples`, RAFT (π_pre's own verified samples, DESIGN.md §9); `gold`, a corpus-SFT "
+           "teacher instead, whose completion of each row is its gold answer line `Answer: <gold>` (for a π_pre that "
+           "almost never states a graded answer, as SmolLM2-135M: the smol recipe)")
     # stage 1
     a("--k", type=positive_int, default=4, help="samples per prompt, seeds 0..k-1 (DESIGN.md §9: 4)")
     a("--temperature", type=positive_float, default=EVAL.temperature, help="sampling temperature (the eval protocol's)")
@@ -154,6 +158,23 @@ def chat_kwargs(alias: str) -> dict:
 
 # --- stage 1: rejection sampling ---
 
+def gold_targets(tok, stop: list[int], prompts: list[list[int]], rows: list[dict]) -> list[dict]:
+    """`--targets gold`: each row's one "sample" is its gold answer line and π_pre's stop token, recorded as a kept,
+    correct sample (verify_method `gold`), so that stage 1's statistics, kept.jsonl and the SFT read it unchanged.
+    Not RAFT: the teacher's shift is then off-support (a format and a length), like a corpus-SFT teacher's."""
+    eos = tok.eos_token_id if tok.eos_token_id in stop else min(stop)
+    done = []
+    for i, r in enumerate(rows):
+        text = f"Answer: {r['answer']}"
+        ids = tok(text, add_special_tokens=False)["input_ids"] + [eos]
+        sample = {"seed": 0, "completion": text, "n_tokens": len(ids), "finish_reason": "stop",
+                  "extractor": "answer_line", "extracted": r["answer"], "correct": True, "verify_method": "gold",
+                  "grade_reason": None, "rejection": None}
+        done.append({"i": i, "id": r["id"], "level": r.get("level"), "samples": [sample], "n_correct": 1,
+                     "kept_seed": 0, "prompt_ids": prompts[i], "completion_ids": ids})
+    return done
+
+
 def stage_sample(args, out, base, pre, tok, rows, skipped):
     cap = args.max_new_tokens or models.model_spec(base).eval_max_new_tokens
     config = {"base": base, "model": {k: v for k, v in pre.provenance().items() if k != "path"},
@@ -161,6 +182,8 @@ def stage_sample(args, out, base, pre, tok, rows, skipped):
               sha256_bytes("\n".join(r["id"] for r in rows).encode()), "n_prompts": len(rows), "k": args.k,
               "temperature": args.temperature, "top_p": args.top_p, "max_new_tokens": cap, "chunks": args.chunks,
               "backend": args.backend, "seeds": "lib.data.stable_seed(problem id, s), s = 0..k-1"}
+    if args.targets == "gold":                   # (left out for RAFT, so that earlier RAFT samples keep their identity)
+        config["targets"] = "gold"
     refuse_changed(out / "samples" / "config.json", config, "samples")
     if (out / "stage1.json").exists():
         verify_dir(out, ["stage1.json", "kept.jsonl"])
@@ -173,6 +196,10 @@ def stage_sample(args, out, base, pre, tok, rows, skipped):
     refuse_special_text(tok, rows, "the RAFT training prompts")
     prompts = [prompt_ids(tok, r["problem"], **kw) for r in rows]
     check_context(pre.path, max(map(len, prompts)), cap)          # config.json only: before any weights are read
+    if args.targets == "gold":
+        from lib.sample.engine import stop_ids
+        done = gold_targets(tok, stop_ids(tok, pre.path), prompts, rows)
+        return write_stage1(args, out, base, cap, config, done, skipped, k=1)
     engine = None
 
     def draw(batch):   # one row per prompt: its k graded samples and which one is kept
@@ -219,7 +246,11 @@ def stage_sample(args, out, base, pre, tok, rows, skipped):
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    stats = raft.stage1_stats(done, args.k, args.g1_min)
+    return write_stage1(args, out, base, cap, config, done, skipped, k=args.k)
+
+
+def write_stage1(args, out, base, cap, config, done, skipped, k):
+    stats = raft.stage1_stats(done, k, args.g1_min)
     kept = [{"i": r["i"], "id": r["id"], "level": r["level"], "seed": r["kept_seed"], "prompt_ids": r["prompt_ids"],
              "completion_ids": r["completion_ids"],
              "completion": next(s["completion"] for s in r["samples"] if s["seed"] == r["kept_seed"])}
@@ -229,7 +260,7 @@ def stage_sample(args, out, base, pre, tok, rows, skipped):
                                             "skipped_no_gold": {"n": len(skipped), "ids": skipped}})
     g1 = stats["gate_g1"]
     log(f"[07] stage 1: {stats['kept']} of {stats['n_prompts']} prompts kept ({stats['keep_rate_pct']:.1f} %), "
-        f"by level {fmt_pct(stats['keep_rate_by_level_pct'])}; n-correct-of-{args.k} {stats['n_correct_of_k']}; "
+        f"by level {fmt_pct(stats['keep_rate_by_level_pct'])}; n-correct-of-{k} {stats['n_correct_of_k']}; "
         f"rejections {stats['rejection_reasons']}; truncation {stats['truncation_rate_pct']:.2f} %")
     log(f"[07] gate G1 (≥ {g1['threshold']} kept): {'PASS' if g1['pass'] else 'FAIL'} ({g1['kept']})")
 

