@@ -268,11 +268,16 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 def _wrap_like(local: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """`local` as a tensor of p's kind: a DTensor of p's mesh and placements when p is one (FSDP2's sharded params)."""
+    """`local` as a tensor of p's kind: a DTensor of p's mesh and placements when p is one (FSDP2's sharded params).
+    Built from its spec, not with `DTensor.from_local`, which copies a host tensor onto a CUDA mesh's device: the
+    offloaded moments' host views must stay on the host (FSDP2's own CPU offload wraps its host shards the same way).
+    Not yet run on a GPU (bench/RESULTS.md §16)."""
     if not hasattr(p, "device_mesh"):
         return local
     from torch.distributed.tensor import DTensor
-    return DTensor.from_local(local, p.device_mesh, p.placements, shape=p.shape, stride=p.stride(), run_check=False)
+    from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+    spec = DTensorSpec(p.device_mesh, tuple(p.placements), tensor_meta=TensorMeta(p.shape, p.stride(), local.dtype))
+    return DTensor(local, spec, requires_grad=False)
 
 
 class OffloadAdamW(torch.optim.AdamW):
