@@ -448,7 +448,8 @@ if (gates_dir / "manifest.json").exists():
                                                         "tie_tol", "abs_mean_delta",
                                                         "interior_mean_delta", "stop", "logp_stop_at_answer_end",
                                                         "accuracy", "stop_rate", "mean_tokens", "auroc", "models")}
-    gates.update(present=True, pair=gm.get("args", {}).get("pair"), passed=gm.get("passed"), gates=rows)
+    gates.update(present=True, pair=gm.get("pair") or gm.get("args", {}).get("pair"), passed=gm.get("passed"),
+                 gates=rows)
 elif gates_dir.exists():
     print(f"  note: {gates_dir} has no manifest.json (01_gates has not finished); gates reported as pending")
     gates["pending"] = True

@@ -5,7 +5,7 @@
 #
 # The pair is pairs/smol.toml: SmolLM2-135M-Instruct is π_pre and the student; π_post is SmolLM2 fine-tuned by 07
 # first. Everything is probe-sized for 2 CPU cores — a pipeline check on a real model, not a result: the 43 level-1
-# problems of MATH-500 (greedy, cap 320), 48 prompts for π_post's fine-tuning, 3 training steps. Each stage skips
+# problems of MATH-500 (greedy, cap 320), 48 prompts for π_post's fine-tuning, 2 training steps. Each stage skips
 # what is already done, so a killed recipe is continued by running it again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,12 +30,12 @@ python 01_gates.py --pair "$PAIR" --run-dir "$RUN" --anatomy-prompts 8 --roundtr
 echo "== 2. baselines: π_pre, π_post and the initial student on the level-1 slice of MATH-500 =="
 python 02_baselines.py --pair "$PAIR" --run-dir "$RUN"
 
-echo "== 3. Direct-OPD, three steps of 4 prompts × 2 rollouts =="
-python 03_opd_train.py --pair "$PAIR" --run-dir "$RUN" --reward delta-topk --steps 3 --batch-prompts 4 --rollouts 2 \
-  --micro-batch 8 --save-every 3 --lr 1e-5
+echo "== 3. Direct-OPD, two steps of 4 prompts × 2 rollouts =="
+python 03_opd_train.py --pair "$PAIR" --run-dir "$RUN" --reward delta-topk --steps 2 --batch-prompts 4 --rollouts 2 \
+  --micro-batch 8 --save-every 2 --lr 1e-5
 
 echo "== 4. the trained checkpoint on the same slice =="
-python 04_eval.py --pair "$PAIR" --run-dir "$RUN" --model "$RUN/train/delta-topk/step_000003" \
+python 04_eval.py --pair "$PAIR" --run-dir "$RUN" --model "$RUN/train/delta-topk/step_000002" \
   --benchmark math500-level1 --protocol greedy --skip-if-exists
 
 echo "== 5. statistics, 6. report =="
