@@ -63,7 +63,10 @@ def test_smollm2_trains_two_steps_and_its_rollouts_stop(tmp_path, smollm2):
     out = run / "train" / "opd"
     metrics = rows(out / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2]
-    assert all(m["clip_ratio"] < 0.5 for m in metrics), [m["clip_ratio"] for m in metrics]   # most rollouts stopped
+    # at T = 1 SmolLM2 runs past 160 tokens on about a third of the rollouts (0.38 at 192 in the recipe); a sampler
+    # that ignored <|im_end|> would clip every one of the 8 (ratio 1.0)
+    clips = [m["response_length/clip_ratio"] for m in metrics]
+    assert all(c < 0.9 for c in clips), clips
     ckpt = json.loads((out / "step_000002" / "checkpoint.json").read_text())
     assert (ckpt["pair"], ckpt["student_init"], ckpt["step"]) == ("smol", "smollm2", 2)
 
