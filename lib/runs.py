@@ -34,6 +34,9 @@ INTEGRITY = "integrity.json"
 MAY_DIFFER = ("resume", "nproc", "time_limit", "logger", "wandb_project", "keep_last", "peak_tflops", "save_every",
               "run_dir", "run_name", "logprob_gap_every", "vllm_sleep")
 # (the last two: a diagnostic's coverage, and memory)
+# settings recorded only since a later version: compared when the saved run holds them (a run started before 03
+# recorded its pair's sha256 continues, its pair still checked by --pair's value)
+RECORDED_SINCE = ("pair_name", "pair_sha256")
 
 
 # --- the run lock ---
@@ -117,7 +120,7 @@ def settings_diff(saved: dict, now: dict, may_differ=MAY_DIFFER, steps_may_grow:
     the data order is fixed, so more steps only go further down the same pass)."""
     lines = []
     for k in sorted(saved.keys() | now.keys()):
-        if k in may_differ or saved.get(k) == now.get(k):
+        if k in may_differ or saved.get(k) == now.get(k) or (k in RECORDED_SINCE and k not in saved):
             continue
         if (k == "steps" and steps_may_grow and isinstance(saved.get(k), int) and isinstance(now.get(k), int)
                 and now[k] >= saved[k]):

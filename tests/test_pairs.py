@@ -146,3 +146,11 @@ def test_a_pair_defined_in_a_file_runs_01_to_06(tmp_path, toy_pre):
     # and 05 cannot guess an unregistered pair's file
     p = run_script("05_stats.py", "--run-dir", run, check=False)
     assert p.returncode == 1 and "not registered: pass --pair with its .toml file" in p.stderr, p.stderr[-2000:]
+
+
+def test_a_run_started_before_pair_hashes_continues_and_a_changed_pair_is_refused():
+    from lib.runs import settings_diff
+    old, now = {"pair": "toy", "lr": 1e-4}, {"pair": "toy", "lr": 1e-4, "pair_name": "toy", "pair_sha256": "a" * 64}
+    assert settings_diff(old, now) == []
+    assert settings_diff(now | {"pair_sha256": "b" * 64}, now) == [f"  --pair-sha256: was {'b' * 64!r}, now "
+                                                                   f"{'a' * 64!r}"]
