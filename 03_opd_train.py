@@ -584,7 +584,7 @@ def main(argv=None):
         checkpoint.verify_checkpoints(out)        # every checkpoint as written, before the manifest hashes it
         outputs = ["metrics.jsonl", "summary.json"] + sorted(p.name for p in out.glob("step_*") if p.is_dir())
         wall = time.monotonic() - t_start
-        write_manifest(out, stage="03_opd_train", script=__file__, args=vars(args), inputs={"train_data": data_src},
+        write_manifest(out, stage="03_opd_train", script=__file__, args=settings, inputs={"train_data": data_src},
                        outputs=outputs, started=started, wall_s=wall, gpu_s=wall * W if bf16 else 0.0,
                        extra={"world_size": W})
         print(f"[03] done: {out} | collapse watch {json.dumps(watch.summary())}")
