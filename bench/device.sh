@@ -47,7 +47,8 @@
 #   source-step   the source's step on this one GPU (bench/source_step.py): a random Qwen2.5-7B-shaped student (vocab
 #                 151,936: the script says why), its reference and two random 1.5B teachers, delta-topk, 64 prompts × 4
 #                 rollouts × 400 new tokens, caps 768/400, --micro-batch MICRO (16), SOURCE_FLAGS (default
-#                 "--offload-optimizer --activation-checkpointing"), STEPS steps (default 4); the run is stopped once
+#                 "--offload-optimizer --activation-checkpointing --sampler-sleep": without the sleep the update ran
+#                 out of memory in step 3, RESULTS.md §16), STEPS steps (default 4); the run is stopped once
 #                 its last step is logged (its final checkpoint, fp32 weights + AdamW state ≈ 91 GB, would not fit the
 #                 disk); then the phases against their floors → source_step_metrics.jsonl, source_step.json,
 #                 source_step_train.log
@@ -406,7 +407,7 @@ PY
 
 part_source_step() {
   local run=/tmp/bench-source-step steps=${STEPS:-4} dir=${OPD_CACHE:-.cache}/shapes/qwen2.5-7b-v151936-seed3 rc n
-  local flags=(--offload-optimizer --activation-checkpointing) sflags=() m=/tmp/bench-source-step/train/delta-topk
+  local flags=(--offload-optimizer --activation-checkpointing --sampler-sleep) sflags=() m=/tmp/bench-source-step/train/delta-topk
   [ -n "${SOURCE_FLAGS+x}" ] && read -ra flags <<< "$SOURCE_FLAGS"
   rm -rf "$run"; tokenizer
   measure source-build "$(lim 300)" heads python3 bench/source_step.py build "$dir" || return 1
