@@ -3,12 +3,31 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
+import sys
+
+
+def progress_bars_only_on_terminals() -> None:
+    """Off a terminal (a log file, CI, `nohup`), the progress bars of transformers ("Loading weights", once per model
+    load) and of huggingface_hub are turned off: a bar redrawn with carriage returns becomes one line of thousands of
+    characters in a log. The stages' own bars already use tqdm's `disable=None` (shown only on a terminal)."""
+    if sys.stderr.isatty():
+        return
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")       # read when transformers / the hub is imported
+    if "transformers" in sys.modules:                                  # …and already imported by this stage
+        from transformers.utils import logging as hf_logging
+        hf_logging.disable_progress_bar()
 
 
 class ArgumentParser(argparse.ArgumentParser):
     """argparse whose refusal of a bad flag is one line (`03_opd_train.py: argument --lr: expected a finite number >
-    0, got 'inf' (see --help)`), not the usage block before it; exit status 2 as argparse's."""
+    0, got 'inf' (see --help)`), not the usage block before it; exit status 2 as argparse's. Every stage builds
+    one first thing, so it is also where the stage's progress bars are kept off log files."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        progress_bars_only_on_terminals()
 
     def error(self, message):
         self.exit(2, f"{self.prog}: {message} (see --help)\n")

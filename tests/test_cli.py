@@ -96,3 +96,30 @@ def test_stages_refuse_a_bad_flag_in_one_line_before_anything(script, flag, tmp_
     err = p.stderr.strip().splitlines()
     assert p.returncode == 2 and len(err) == 1 and flag.split("=")[0] in err[0] and "(see --help)" in err[0], p.stderr
     assert not (tmp_path / "run").exists()
+
+
+_LOAD_A_MODEL = """
+import sys
+from transformers import AutoModelForCausalLM, Qwen2Config
+from lib.cli import ArgumentParser
+config = Qwen2Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                     num_key_value_heads=1)
+AutoModelForCausalLM.from_config(config).save_pretrained(sys.argv[1])
+if sys.argv[2] == "stage":
+    ArgumentParser(prog="stage")           # what every stage does first
+AutoModelForCausalLM.from_pretrained(sys.argv[1])
+"""
+
+
+def test_a_stage_writes_no_progress_bar_into_a_log(tmp_path):
+    """Off a terminal, a stage's model loads draw no "Loading weights" bar (issue 33: a redrawn bar became lines of
+    1,800 characters in log files); the same load without the stage's parser does draw it, so the check can fail."""
+    def stderr(mode):
+        env = {k: v for k, v in __import__("os").environ.items() if k != "HF_HUB_DISABLE_PROGRESS_BARS"}
+        r = subprocess.run([sys.executable, "-c", _LOAD_A_MODEL, str(tmp_path / mode), mode], cwd=REPO, env=env,
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return r.stderr
+
+    assert "Loading weights" in stderr("plain")
+    assert "Loading weights" not in stderr("stage")
