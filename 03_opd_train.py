@@ -59,8 +59,8 @@ from lib.train import dist as D
 from lib.train import checkpoint, opd
 from lib.train.model_init import build_scorer
 from lib.train.scoring import pack, regroup, sampler_gap, score_ids, to_device
-from lib.train.step_phases import (PhaseClock, equal_plan, freeze_heap, peak_tflops, resolve_auto, sampler_slots,
-                                   score_limits)
+from lib.train.step_phases import (PhaseClock, equal_plan, freeze_heap, peak_tflops, resolve_auto, sampler_reserve,
+                                   sampler_slots, score_limits)
 
 
 # --- config ---
@@ -140,6 +140,13 @@ def parse_args(argv=None):
     a("--offload-optimizer", action="store_true",
       help="AdamW's moments in host memory, streamed through the GPU at each step (lib/train/dist.OffloadAdamW; the "
            "same arithmetic): 8 bytes a parameter off the device, e.g. a 7B student beside its reference on one GPU")
+    a("--sampler-slots", type=positive_int, default=None,
+      help="the built-in sampler's slot count, fixed (default: on CUDA all of a rank's rollouts where the KV budget "
+           "holds them — the device's free memory less what the trainer still needs, lib/train/step_phases."
+           "sampler_reserve — else as many as it holds; on CPU --micro-batch × 8)")
+    a("--sampler-kv-margin", type=nonnegative_float, default=None,
+      help="GiB the built-in sampler's KV cache leaves free when it is sized (default: computed, see "
+           "lib/train/step_phases.sampler_reserve)")
     a("--sampler-sleep", action="store_true",
       help="the built-in sampler (--backend hf) frees its KV cache and CUDA graphs after each generation and rebuilds "
            "them for the next (as colocated vLLM sleeps): the trainer gets that memory for scoring and the update")
@@ -184,7 +191,7 @@ def frozen_scorer(path, args, d, bf16, temperature=1.0):
                         packed=args.packing)
 
 
-def make_engine(args, student_path, tokenizer, d, bf16):
+def make_engine(args, student_path, tokenizer, d, bf16, kv_reserve=None):
     if args.backend == "vllm":
         # one engine per rank, colocated with the trainer; under torchrun each rank samples its own prompts
         # (vLLM's external launcher, data parallel): verified on 1 CPU process, not on multi-GPU (no vLLM there)
@@ -196,9 +203,11 @@ def make_engine(args, student_path, tokenizer, d, bf16):
                            logprob_every=args.logprob_gap_every, enable_sleep_mode=args.vllm_sleep, **multi)
     from transformers import AutoModelForCausalLM
     sampler_lm = AutoModelForCausalLM.from_pretrained(student_path, dtype=torch.bfloat16 if bf16 else torch.float32)
-    # GPU rollouts draw in lib/sample/draw.py's fast mode, all of a rank's rollouts at once; CPU runs keep the exact
-    # Gumbel-max draws of the eval units
-    return HFEngine(sampler_lm.to(d.device).eval(), tokenizer, batch_size=sampler_slots(args, d.world, bf16),
+    # GPU rollouts draw in lib/sample/draw.py's fast mode, all of a rank's rollouts at once where the memory the
+    # trainer leaves holds them (kv_reserve: step_phases.sampler_reserve); CPU runs keep the exact Gumbel-max draws
+    # of the eval units
+    return HFEngine(sampler_lm.to(d.device).eval(), tokenizer,
+                    batch_size=args.sampler_slots or sampler_slots(args, d.world, bf16), kv_reserve=kv_reserve,
                     mode="fast" if bf16 else "exact")
 
 
@@ -398,7 +407,8 @@ def main(argv=None):
     ref = frozen_scorer(resolved["student"].path, args, d, bf16, args.temperature) if args.kl_ref == "init" else None
     teachers = {k: frozen_scorer(resolved[k].path, args, d, bf16) for k in roles if k != "student"}
     optim = D.adamw(student, args.lr, args.weight_decay, offload=args.offload_optimizer)
-    engine = make_engine(args, resolved["student"].path, tokenizer, d, bf16)
+    engine = make_engine(args, resolved["student"].path, tokenizer, d, bf16,
+                         kv_reserve=sampler_reserve(args, student, optim, bf16))
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
     kl = opd.KLController(coef=args.kl_coef, mode=args.kl_mode)

@@ -1,6 +1,8 @@
 """The built-in decoder: a Hugging Face Llama / Qwen2-style causal LM sampled by a loop that owns its KV cache.
 
-    prefill   waiting prompts, right-padded, in one batched forward pass per refill; their K/V go into free slots
+    prefill   waiting prompts, right-padded, in one batched forward pass per refill; their K/V go into free slots.
+              A prompt that several requests share (03's n rollouts of one prompt) is forwarded once and its K/V
+              copied into each of their slots; each request still draws its first token with its own seed
     decode    one token for every slot: forward (S, 1) → draw (lib/sample/draw.py) → stop / cap bookkeeping, all on
               device; on CUDA each step is one replay of a captured CUDA graph (no host sync, no Python per kernel)
     refill    every `sync_every` steps the host reads which slots finished, collects them and, once ≥ 1/8 of the
@@ -49,6 +51,29 @@ def runs(model) -> bool:
     return cfg.model_type in SUPPORTED and not getattr(cfg, "use_sliding_window", False)
 
 
+def slot_bytes(model, max_len: int, max_new_tokens: int) -> int:
+    """Device bytes one slot of a Decoder(max_len=…, max_new_tokens=…) over `model` costs: its K and V rows in every
+    layer, the split-K kernel's float32 partials (chunks of ≥ 64 positions), its output rows, and the decode step's
+    per-row transients (the logits in the model's dtype and the fast draw's float32 working copies, ~4 rows of V).
+    What HFEngine divides its KV budget by."""
+    cfg, p = model.config, next(model.parameters())
+    D = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    kv = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * max_len * D * p.element_size()
+    partials = cfg.num_attention_heads * -(-max_len // 64) * (D + 2) * 4
+    step = cfg.vocab_size * (p.element_size() + 4 * 4) + max_new_tokens * (8 + 4)
+    return kv + partials + step
+
+
+def workspace_bytes(model, prefill_tokens: int) -> int:
+    """Device bytes a prefill pass of `prefill_tokens` padded tokens holds at its peak beyond the cache: the residual
+    stream, q|k|v (the GQA-repeated K and V included) and the MLP's gate, up and their product, in the model's dtype.
+    HFEngine keeps them out of the KV budget."""
+    cfg, p = model.config, next(model.parameters())
+    D = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    per_token = 3 * cfg.hidden_size + 3 * cfg.num_attention_heads * D + 3 * cfg.intermediate_size
+    return prefill_tokens * per_token * p.element_size()
+
+
 class Decoder:
     """Continuous-batching sampler over `slots` rows for prompts of ≤ max_len − max_new_tokens tokens."""
 
@@ -57,7 +82,7 @@ class Decoder:
                  kv_bucket: int | None = None, prefill_tokens: int = 65_536, attn_impl: str | None = None,
                  fuse: bool | None = None, fuse_gemms: bool | None = None, compile_step: bool | str | None = None,
                  attn_opts: dict | None = None, draw_blocked: bool | None = None,
-                 compile_draw: bool | str | None = None, gemm_opts: dict | None = None):
+                 compile_draw: bool | str | None = None, gemm_opts: dict | None = None, share_prefill: bool = True):
         cfg = model.config
         if not runs(model):
             raise TypeError(f"lib.sample.decode runs full-attention {SUPPORTED} decoders; {type(model).__name__} "
@@ -71,6 +96,7 @@ class Decoder:
         self.graphs_on = cuda if cuda_graphs is None else cuda_graphs
         self.sync_every, self.kv_bucket = sync_every or (16 if cuda else 1), kv_bucket or (256 if cuda else 1)
         self.refill_min = max(1, slots // 8)
+        self.share_prefill, self.prefill_rows = share_prefill, 0     # rows forwarded by prefills so far (tests, logs)
         pow2, self.prefill_tokens = self.D >= 16 and not self.D & (self.D - 1), prefill_tokens
         self.attn_impl = attn_impl or ("sdpa" if not cuda else "triton" if pow2 else "matmul")
         self.eps, self.silu = cfg.rms_norm_eps, getattr(cfg, "hidden_act", None) == "silu"
@@ -121,23 +147,26 @@ class Decoder:
             q, k = attn.q_norm(q), attn.k_norm(k)
         return q.transpose(1, 2), k.transpose(1, 2), attn.v_proj(h).view(B, T, self.Hkv, self.D).transpose(1, 2)
 
-    def _forward_prefill(self, ids_BT, lens_B, slots_B):
-        """Prompts right-padded in (B, T); K/V written to positions [0, T) of `slots_B`; last-token logits (B, V)."""
-        B, T = ids_BT.shape
-        x = self.model.model.embed_tokens(ids_BT)                          # (B, T, E)
+    def _forward_prefill(self, ids_UT, lens_U, slots_B, rows_B):
+        """Distinct prompts right-padded in (U, T); request b's K/V (those of prompt row rows_B[b]) written to positions
+        [0, T) of slot slots_B[b]; the last prompt token's logits per request (B, V). A prompt shared by n requests
+        is forwarded once and its K/V copied into its n slots (rows_B repeats its row n times)."""
+        U, T = ids_UT.shape
+        x = self.model.model.embed_tokens(ids_UT)                          # (U, T, E)
         cos, sin = self.cos[:T], self.sin[:T]                              # (T, D)
         for l, layer in enumerate(self.layers):
             attn = layer.self_attn
-            q, k, v = self._qkv(attn, layer.input_layernorm(x), B, T)      # (B, H|H_kv, T, D)
+            q, k, v = self._qkv(attn, layer.input_layernorm(x), U, T)      # (U, H|H_kv, T, D)
             q, k = _rope(q, cos, sin), _rope(k, cos, sin)
-            self.k[l][:, :, :T].index_copy_(0, slots_B, k)
-            self.v[l][:, :, :T].index_copy_(0, slots_B, v)
+            self.k[l][:, :, :T].index_copy_(0, slots_B, k.index_select(0, rows_B))
+            self.v[l][:, :, :T].index_copy_(0, slots_B, v.index_select(0, rows_B))
             G = self.H // self.Hkv                                         # right padding: causal is enough
             o = F.scaled_dot_product_attention(q, k.repeat_interleave(G, 1), v.repeat_interleave(G, 1),
                                                is_causal=True, scale=attn.scaling)
-            x = x + attn.o_proj(o.transpose(1, 2).reshape(B, T, self.H * self.D))
+            x = x + attn.o_proj(o.transpose(1, 2).reshape(U, T, self.H * self.D))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
-        return self.model.lm_head(self.model.model.norm(x[torch.arange(B, device=x.device), lens_B - 1]))
+        last = x[torch.arange(U, device=x.device), lens_U - 1]           # (U, E): each prompt's last position
+        return self.model.lm_head(self.model.model.norm(last)).index_select(0, rows_B)
 
     def _attend(self, q, k, v, mask, scale):
         """(S, H_kv, G, D) queries against (S, H_kv, kv, D): SDPA, or two batched GEMMs (`attn_impl="matmul"`)."""
@@ -240,18 +269,29 @@ class Decoder:
     # --- the loop ---
 
     def _prefill(self, slots: list[int], prompts: list[list[int]], seeds: list[int]):
-        """Prefill in passes of ≤ prefill_tokens padded tokens; each row's first token drawn at step 0."""
+        """Prefill the requests into `slots`, each distinct prompt forwarded ONCE (`share_prefill`; else every request
+        its own row) and its K/V copied into the slots of every request that holds it, in passes of ≤ prefill_tokens
+        padded tokens of distinct prompts. Each request's first token is drawn at step 0 from its prompt's logits with
+        its own seed, so a request draws what it would draw prefilled alone (its logits are the same numbers, up to
+        the GEMMs' rounding at another row count)."""
+        rows: dict[tuple, int] = {}                                        # distinct prompt → its row
+        row_of = [rows.setdefault(tuple(p), len(rows)) if self.share_prefill else i for i, p in enumerate(prompts)]
+        uniq = [list(p) for p in rows] if self.share_prefill else prompts
         a = 0
-        while a < len(slots):
-            n = max(1, self.prefill_tokens // max(len(p) for p in prompts[a:]))
-            sl, ps, ss, a = slots[a:a + n], prompts[a:a + n], seeds[a:a + n], a + n
+        while a < len(uniq):                                               # a pass: distinct prompts [a, a + n)
+            n = max(1, self.prefill_tokens // max(len(p) for p in uniq[a:]))
+            ps, lo_u, a = uniq[a:a + n], a, a + n
+            mine = [b for b, r in enumerate(row_of) if lo_u <= r < a]      # the requests of this pass's prompts
             T = max(len(p) for p in ps)
-            ids = torch.tensor([p + [0] * (T - len(p)) for p in ps], device=self.device)     # (B, T) right-padded
+            ids = torch.tensor([p + [0] * (T - len(p)) for p in ps], device=self.device)     # (U, T) right-padded
             lens = torch.tensor([len(p) for p in ps], device=self.device)
-            slot_t = torch.tensor(sl, device=self.device)
-            lo, hi = split_seeds(ss, self.device)
-            tok, lp = self._draw(self._forward_prefill(ids, lens, slot_t), lo, hi, 0, trim=True)
-            self.lo_S[slot_t], self.hi_S[slot_t], self.tok_S[slot_t], self.pos_S[slot_t] = lo, hi, tok, lens
+            rows_b = torch.tensor([row_of[b] - lo_u for b in mine], device=self.device)
+            slot_t = torch.tensor([slots[b] for b in mine], device=self.device)
+            lo, hi = split_seeds([seeds[b] for b in mine], self.device)
+            tok, lp = self._draw(self._forward_prefill(ids, lens, slot_t, rows_b), lo, hi, 0, trim=True)
+            self.prefill_rows += len(ps)
+            self.lo_S[slot_t], self.hi_S[slot_t], self.tok_S[slot_t] = lo, hi, tok
+            self.pos_S[slot_t] = lens.index_select(0, rows_b)             # the next write position: the prompt's length
             self.step_S[slot_t] = 1
             self.out_tok_SN[slot_t, 0], self.out_lp_SN[slot_t, 0] = tok, lp
             self.done_S[slot_t] = (tok[:, None] == self.stop_t).any(-1) | (self.N == 1)
@@ -271,7 +311,11 @@ class Decoder:
         self.temp.fill_(temperature if temperature > 0 else 1.0)
         self.top_p.fill_(top_p)
         self.done_S.fill_(True)
-        waiting = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))[::-1]   # pop() takes the longest
+        # pop() takes the longest first, a prompt's requests one after another (so one refill holds them together and
+        # prefills their prompt once), in input order otherwise
+        first: dict[tuple, int] = {}
+        group = [first.setdefault(tuple(p), i) for i, p in enumerate(prompts)]
+        waiting = sorted(range(len(prompts)), key=lambda i: (-len(prompts[i]), group[i]))[::-1]
         held: dict[int, int] = {}                              # slot → request
         hpos = [0] * self.S                                    # per slot: an upper bound of its next write position
         hstep = [0] * self.S                                   # per slot: an upper bound of its generated tokens

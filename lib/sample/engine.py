@@ -26,7 +26,7 @@ import torch
 from tqdm.auto import tqdm
 
 from lib.sample.completion import Completion, make_completion, stop_ids
-from lib.sample.decode import Decoder, runs
+from lib.sample.decode import Decoder, runs, slot_bytes, workspace_bytes
 from lib.sample.draw import MODES
 from lib.sample.generate_fallback import GenerateDecoder
 
@@ -47,15 +47,23 @@ class HFEngine:
     """The built-in sampler: lib/sample/decode.py's Decoder over `batch_size` slots, kept between calls (its cache and
     CUDA graphs are reused while the slot count, cache length and cap stay the same; `sleep()` frees them).
 
+    `kv_reserve` (bytes, or a function returning them, called when the decoder is built) sizes the slots from memory
+    on CUDA: every request of a call in one batch (up to `batch_size`, None = no cap) where the KV budget allows, else
+    as many slots as it holds. The budget is what the device has free when the decoder is built (torch.cuda.
+    mem_get_info, plus what torch's allocator holds unused; a cache held before counts as free) minus `kv_reserve`
+    (what the caller, e.g. a trainer, will still allocate while the cache lives) minus one prefill pass's workspace;
+    a slot costs lib/sample/decode.slot_bytes. The choice is printed when it is made ("sampler: N slots, KV budget
+    X GiB"), again only if it changes. `kv_reserve=None` (the default; and off CUDA): `batch_size` slots, fixed.
+
     `model_or_path`: an nn.Module (the trainer's live student, sampled in place with its training mode restored, or
     a sampler copy kept current by `update_weights`) or a folder loaded with `dtype` ("auto" = the checkpoint's) onto
     `device` (default cuda if present). `mode`: "fast" | "exact" (lib/sample/draw.py says what each guarantees).
     `decoder_options`: more Decoder keywords (lib/sample/decode.py: fuse_gemms, compile_step, attn_impl, …)."""
     backend = "hf"
 
-    def __init__(self, model_or_path, tokenizer, *, batch_size: int = 64, dtype="auto", device=None,
+    def __init__(self, model_or_path, tokenizer, *, batch_size: int | None = 64, dtype="auto", device=None,
                  stop_token_ids: list[int] | None = None, mode: str = "exact", cuda_graphs: bool | None = None,
-                 decoder_options: dict | None = None):
+                 decoder_options: dict | None = None, kv_reserve=None):
         if mode not in MODES:
             raise ValueError(f"HFEngine: unknown mode {mode!r}; choose one of {MODES}")
         if isinstance(model_or_path, torch.nn.Module):
@@ -68,6 +76,7 @@ class HFEngine:
         self.decoder_options = decoder_options or {}
         self.stop = stop_token_ids or stop_ids(tokenizer, self.model)
         self.decoder, self.decoder_key = None, None
+        self.kv_reserve, self.said, self.memory_cap = kv_reserve, None, None   # said: the slot count last printed
 
     def update_weights(self, named_tensors) -> None:
         """Copy trainer weights (HF names; tied aliases such as lm_head.weight accepted) into the sampler's model, in
@@ -91,9 +100,47 @@ class HFEngine:
     def wake_up(self, tags: list[str] | None = None) -> None:
         ...                                                          # the next call rebuilds what sleep freed
 
+    def _free_bytes(self) -> int | None:
+        """Device bytes free for the cache: the device's free memory plus what torch's allocator holds unused; None
+        off CUDA."""
+        p = next(self.model.parameters())
+        if not p.is_cuda:
+            return None
+        return (torch.cuda.mem_get_info(p.device)[0] + torch.cuda.memory_reserved(p.device)
+                - torch.cuda.memory_allocated(p.device))
+
+    def _budget_slots(self, want: int, max_len: int, max_new_tokens: int) -> int:
+        """min(want, the slots the KV budget holds) (class docstring); `want` off CUDA. Called with no decoder held."""
+        free = self._free_bytes()
+        if free is None:
+            return want
+        reserve = self.kv_reserve() if callable(self.kv_reserve) else self.kv_reserve
+        prefill = self.decoder_options.get("prefill_tokens", Decoder.__init__.__kwdefaults__["prefill_tokens"])
+        budget = free - reserve - workspace_bytes(self.model, prefill)
+        slots = int(max(1, min(want, budget // slot_bytes(self.model, max_len, max_new_tokens))))
+        if slots != self.said:
+            print(f"sampler: {slots} slots, KV budget {budget / 2**30:.1f} GiB ({free / 2**30:.1f} GiB free − "
+                  f"{reserve / 2**30:.1f} reserved for the caller − the prefill workspace; {want} requests of ≤ "
+                  f"{max_len} positions{': memory-bound' if slots < want else ''})", flush=True)
+            self.said = slots
+        return slots
+
     def _decoder(self, n: int, longest_prompt: int, max_new_tokens: int) -> Decoder | GenerateDecoder:
         round_to = 256 if next(self.model.parameters()).is_cuda else 64      # cache lengths shared across calls
-        key = (min(self.batch_size, n), -(-(longest_prompt + max_new_tokens) // round_to) * round_to, max_new_tokens)
+        T = -(-(longest_prompt + max_new_tokens) // round_to) * round_to
+        want = n if self.batch_size is None else min(self.batch_size, n)
+        key = (want, T, max_new_tokens)
+        if self.kv_reserve is not None and runs(self.model):   # slots from memory: keep the held decoder if it fits
+            held = self.decoder_key
+            if held and held[1:] == key[1:] and held[0] == min(want, self.memory_cap or want):
+                key = held
+            else:
+                self.decoder = self.decoder_key = None                         # its memory counts as free
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+                slots = self._budget_slots(want, T, max_new_tokens)
+                self.memory_cap = slots if slots < want else None              # None: memory was not the limit
+                key = (slots, T, max_new_tokens)
         if key == self.decoder_key:
             return self.decoder
         self.decoder = None                                                    # free the old cache first

@@ -14,7 +14,9 @@
   off on CPU keeps the toy campaign's bytes what they were, and its reference attention is slower there).
 - `peak_tflops`: the bf16 peak perf/mfu divides by.
 - `sampler_slots`: the built-in sampler's slots: on CUDA all of a rank's rollouts at once (B·n/W), on CPU
-  `--micro-batch` × 8 as before.
+  `--micro-batch` × 8 as before. On CUDA that is a cap: `sampler_reserve` gives the sampler the memory its KV cache
+  must leave to the trainer, and the sampler takes fewer slots where the rest does not hold them all
+  (lib/sample/engine.HFEngine's `kv_reserve`). `--sampler-slots` fixes the count instead.
 """
 from __future__ import annotations
 
@@ -62,6 +64,42 @@ def equal_plan(lengths: list[int], max_seqs: int, max_tokens: int | None, device
 
 def sampler_slots(args, world: int, cuda: bool) -> int:
     return args.batch_prompts * args.rollouts // world if cuda else args.micro_batch * 8
+
+
+SAMPLER_WORKSPACE = 4 * 2**30   # beside the sampler's cache: its CUDA graphs' pool, compiled kernels' scratch, slack
+ACTIVATION_SHARE = 0.2          # of the device's memory: the update's activations, while the cache stays resident.
+                                # At the 1.5B shape, --micro-batch 16, the update peaked 27 GiB above generation
+                                # (bench/RESULTS.md §8, fourth run): 0.2 of an H200 is 28 GiB
+
+
+def sampler_reserve(args, student, optim, cuda: bool):
+    """The built-in sampler's `kv_reserve` on CUDA (None elsewhere, and with --sampler-slots): a function the sampler
+    calls when it sizes its KV cache, at a step's generation. What the cache must leave free then:
+    - `--sampler-kv-margin` GiB, if given;
+    - with `--sampler-sleep` (the cache is freed before scoring): SAMPLER_WORKSPACE only — everything the trainer
+      holds across steps is resident by then, or allocated after the cache is gone;
+    - else the cache lives through scoring and the update, so also what the trainer has yet to allocate: the
+      student's fp32 gradients and AdamW's two moments where they do not exist yet (the first step; the moments
+      not at all with --offload-optimizer), the bf16 compute copy of a student kept gathered on one rank, and
+      ACTIVATION_SHARE of the device for the activations."""
+    if not cuda or args.sampler_slots:
+        return None
+
+    def reserve() -> int:
+        if args.sampler_kv_margin is not None:
+            return int(args.sampler_kv_margin * 2**30)
+        if args.sampler_sleep:
+            return SAMPLER_WORKSPACE
+        pending = 0
+        for p in student.parameters():
+            local = p.to_local() if hasattr(p, "to_local") else p
+            size = local.numel() * local.element_size()
+            pending += size * (p.grad is None) + 2 * size * (not optim.state.get(p) and not args.offload_optimizer)
+        one_rank = not torch.distributed.is_initialized() or torch.distributed.get_world_size() == 1
+        gathered = 2 * sum(p.numel() for p in student.parameters()) if one_rank else 0
+        total = torch.cuda.mem_get_info()[1]
+        return SAMPLER_WORKSPACE + pending + gathered + int(ACTIVATION_SHARE * total)
+    return reserve
 
 
 _gc = {"seconds": 0.0, "since": None}      # seconds inside gc collections since import (the collecting thread's)
