@@ -10,9 +10,12 @@ contributes its per-step record to training.json only; its units, and unfinished
 Runs are grouped into conditions (lib/report/conditions.py: identical settings but the seed); seeds are pooled within
 a condition only. Writes `stats/`:
 
-    teacher_gains.json     π_post − π_pre on every benchmark/protocol both have; the teacher-gain gate
+    teacher_gains.json     π_post − π_pre on every benchmark/protocol both have; the teacher-gain gate; `by_pair`: the
+                           same for the pair of every condition (a collapse arm, the RAFT student)
     student_gains.json     every evaluated checkpoint − the student's init (paired, same seeds/problems), and beside a
-                           seed-restricted pairing the naive one (`naive`, each side on all its seeds); gain scan;
+                           seed-restricted pairing the naive one (`naive`, each side on all its seeds), beside every
+                           one the unpaired one (`unpaired`: each side's problems resampled on their own); every
+                           checkpoint − the π_post of its condition's pair, paired (`vs_post`); gain scan;
                            by_condition: each training seed's latest evaluated checkpoint and the gain pooled over the
                            condition's seeds (lib.report.stats.pooled_gain), one verdict per condition × benchmark ×
                            protocol, Holm-adjusted
@@ -27,8 +30,12 @@ a condition only. Writes `stats/`:
                            truncation; a training-only row for a condition without an evaluated checkpoint); the
                            verdict of each of the pair's hypotheses (lib/registry.py HYPOTHESES), clause by clause
     roster.json            every training run and eval unit: found / pending / skipped / canceled, with its reason
+    rollouts.json          what the students wrote (lib/report/rollouts.py): per unit and per condition, of the
+                           truncated samples those whose answer still extracts and those of them correct (source
+                           §8.3); up to three excerpts of each evaluated checkpoint and of the student's init
     raft.json              RAFT stage-1/SFT numbers passed through from raft/stats.json, and gate G2
-    gates.json             the main pair's gates as 01_gates recorded them (gates/<gate>.json, gates/manifest.json)
+    gates.json             the main pair's gates as 01_gates recorded them (gates/<gate>.json, gates/manifest.json),
+                           with the cross-pair anatomy (gates/anatomy_cross.json) when 01 ran it
     pending.json           training runs without manifest.json, unit folders not finished, last checkpoints not
                            evaluated
     ledger.json            one row per stage run: the manifests on disk plus earlier runs whose manifest a rerun
@@ -51,7 +58,7 @@ from lib.artifacts import (ArtifactError, atomic_write_json, read_json, sha256_f
                            write_manifest)
 from lib import models, pairs
 from lib.cli import ArgumentParser, HelpFormatter, nonnegative_int, positive_int
-from lib.errors import refuse_in_one_line
+from lib.errors import UserError, refuse_in_one_line
 from lib.registry import HYPOTHESES, PAIRS, PROTOCOLS
 from lib.report import stats
 from lib.report.campaign import (BUDGET_STOPPED, CURVE_KEYS, STOPPED_COLLAPSE, UNFINISHED, check_same_benchmark,
@@ -60,6 +67,7 @@ from lib.report.campaign import (BUDGET_STOPPED, CURVE_KEYS, STOPPED_COLLAPSE, U
                                  pending_units, run_identity, unfinished_dirs)
 from lib.report.conditions import build_conditions, run_settings, snapshots, summary_row
 from lib.report.hypotheses import evaluate
+from lib.report.rollouts import excerpts as rollout_excerpts, pool_truncated, truncated_extraction
 
 # a changed input or a unit that cannot be paired is refused in one line naming it, not with a traceback
 refuse_in_one_line("05_stats", ArtifactError, stats.AlignmentError)
@@ -227,6 +235,10 @@ for u in units:
     if g["audit"]["restricted"]:     # beside a seed-restricted pairing: the naive one on each side's own seeds
         common = {r["problem_id"] for r in u.rows} & {r["problem_id"] for r in base.rows}
         g["naive"] = stats.naive_gain(base.correct(), u.correct(), args.n_boot, args.seed, (base.rel, u.rel), common)
+    # beside every paired gain: the same two units compared with no pairing at all (each side's problems resampled
+    # on their own), so the report can show what pairing by problem buys (lib.report.stats.unpaired_gain)
+    shared = sorted({r["problem_id"] for r in u.rows} & {r["problem_id"] for r in base.rows})
+    g["unpaired"] = stats.unpaired_gain(base.correct(), u.correct(), args.n_boot, args.seed, (base.rel, u.rel), shared)
     run = finished.get(m["train_run"])
     reward, seed = (run["reward"], run["seed"]) if run else run_identity({}, None, m["train_run"])
     # a checkpoint whose run folder is gone has no recorded settings: a condition of its own, never pooled
@@ -304,6 +316,50 @@ for g in student:
                      "student_gain_pp": g["gain_pp"], "student_ci95_pp": g["ci95_pp"],
                      **stats.transfer_ratio(t, g)})
 
+# --- each condition's own pair: its teacher gain, and every checkpoint against its π_post (paired) ---
+# A condition trained on another pair than the campaign's (a collapse arm, the RAFT student) is read against that
+# pair's π_post − π_pre; a pair whose teachers were not evaluated here simply has no row.
+def pair_aliases(name: str | None) -> tuple[str, str] | None:
+    """(π_pre alias, π_post alias) of a recorded pair name; None if it cannot be resolved here."""
+    if name is None or name == pair_name:
+        return pair.pi_pre, pair.pi_post
+    try:
+        p = pairs.load(name).pair
+        return tuple(models.model_spec(getattr(p, k), run_dir).alias for k in ("pi_pre", "pi_post"))
+    except (UserError, KeyError, ValueError):
+        return None
+
+
+def matching_unit(alias: str, like) -> object | None:
+    """alias's unit on like's benchmark at like's protocol, else one of the same sampling with nested seeds."""
+    same = by_key.get((alias, like.benchmark, like.protocol))
+    if same is not None:
+        return same
+    seeds = set(like.scores["seeds"])
+    nested = [v for (a, b, _), v in sorted(by_key.items()) if a == alias and b == like.benchmark
+              and sampling(v) == sampling(like)
+              and (seeds <= set(v.scores["seeds"]) or set(v.scores["seeds"]) <= seeds)]
+    return nested[0] if nested else None
+
+
+condition_pair = {c["id"]: (c["settings"] or {}).get("pair", pair_name) for c in conditions}
+vs_post, teacher_by_pair = [], {}
+for g in student:
+    pname = condition_pair.get(g["condition_id"], pair_name)
+    aliases = pair_aliases(pname)
+    ckpt = by_key_unit(g["unit_b"])
+    post = matching_unit(aliases[1], ckpt) if aliases else None
+    if post is not None:
+        v = compare(post, ckpt)      # checkpoint − π_post: how far the student got towards (or past) its teacher
+        v.update(run=g["run"], step=g["step"], condition=g["condition"], condition_id=g["condition_id"], pair=pname,
+                 training_seed=g["training_seed"], latest=g["latest"])
+        vs_post.append(v)
+    if aliases and pname not in teacher_by_pair:
+        teacher_by_pair[pname] = [compare(pre, by_key[(aliases[1], b, p)]) for (a, b, p), pre in sorted(by_key.items())
+                                  if a == aliases[0] and (aliases[1], b, p) in by_key]
+for v in vs_post:
+    print(f"  {v['run']}@{v['step']} − π_post ({v['pair']}) {v['benchmark']}/{v['protocol']}: {stats.format_gain(v)}")
+
 # --- cap sensitivity: π_post's stored samples held to π_pre's max_new_tokens ---
 cap_views = []
 for t in teacher:
@@ -344,6 +400,40 @@ for u in units:
                                              or math.isclose(recorded, d["accuracy_pct"], abs_tol=1e-6)),
                  **d})
 
+
+# --- what the students wrote: extraction on truncated samples (source §8.3), and excerpts per checkpoint ---
+# (lib/report/rollouts.py). Every unit gets its §8.3 row; a condition's row sums the counts of its seeds' latest
+# evaluated checkpoints (the units its verdict was drawn on, by_condition).
+run_of_unit = {g["unit_b"]: g for g in student}
+trunc_units = []
+for d in diag:
+    g = run_of_unit.get(d["unit"])
+    trunc_units.append({"unit": d["unit"], "alias": d["alias"], "role": d["role"], "benchmark": d["benchmark"],
+                        "protocol": d["protocol"], "run": d["train_run"], "step": d["train_step"],
+                        "condition": g["condition"] if g else None, "training_seed": g["training_seed"] if g else None,
+                        **truncated_extraction(d)})
+trunc_by_unit = {t["unit"]: t for t in trunc_units}
+trunc_conditions = [{"condition": e["condition"], "condition_id": e["condition_id"], "benchmark": e["benchmark"],
+                     "protocol": e["protocol"], "units": [g["unit_b"] for g in e["per_seed"]],
+                     "steps": e["steps"], "training_seeds": e["training_seeds"],
+                     **pool_truncated([trunc_by_unit[g["unit_b"]] for g in e["per_seed"]])} for e in by_condition]
+# excerpts: per evaluated checkpoint (run, step) and the student's init, the unit at the primary protocol of the
+# first benchmark it was evaluated on (the pair's eval order), else its first unit
+eval_order = {bp: i for i, bp in enumerate(pair.evals)}
+shown = {}
+for d in diag:
+    if d["role"] not in ("checkpoint", "student_init"):
+        continue
+    key = (d["train_run"], d["train_step"]) if d["role"] == "checkpoint" else (None, d["alias"])
+    rank = (eval_order.get((d["benchmark"], d["protocol"]), len(eval_order)), d["benchmark"], d["protocol"])
+    if key not in shown or rank < shown[key][0]:
+        shown[key] = (rank, d)
+excerpt_sets = []
+for key, (_, d) in sorted(shown.items(), key=lambda kv: (kv[0][0] is not None, str(kv[0][0]), str(kv[0][1]))):
+    g = run_of_unit.get(d["unit"])
+    excerpt_sets.append({"unit": d["unit"], "role": d["role"], "run": d["train_run"], "step": d["train_step"],
+                         "condition": g["condition"] if g else None, "max_new_tokens": d["max_new_tokens"],
+                         "excerpts": rollout_excerpts(by_rel[d["unit"]].rows)})
 
 # --- training runs: curves and the collapse watch ---
 def finite(x):
@@ -442,6 +532,10 @@ if (gates_dir / "manifest.json").exists():
         rows.append({"gate": name, "status": status, "allowed": name in gm.get("allowed", []),
                      "carried": name in gm.get("carried", []), "summary": rep.get("summary", ""),
                      "reasons": rep.get("reasons", []), "warnings": rep.get("warnings", [])})
+        if name == "anatomy_cross" and "pairs" in rep:      # source §17: every pair on one frozen set of rollouts
+            gates["anatomy_cross"] = {k: rep.get(k) for k in ("student", "pairs", "rollouts", "logprobs_file")}
+            for f in (rep["rollouts"]["file"], rep["logprobs_file"]):
+                inputs[f"gates/{f}"] = gm["outputs"][f]
         if name == "anatomy" and "token_mean_delta" in rep:
             gates["anatomy"] = {k: rep.get(k) for k in ("n_sequences", "n_tokens", "token_mean_delta", "tie_frac",
                                                         "student_weighted_mean", "pos_frac", "pos_frac_decided",
@@ -513,9 +607,10 @@ print("  roster: " + ", ".join(f"{n} {st}" for st, n in counts.items()))
 for name, obj in {
     "teacher_gains.json": {"pair": pair_name, "pair_sha256": lp.sha256, "evals": [list(e) for e in pair.evals],
                            "pi_pre": pair.pi_pre, "pi_post": pair.pi_post, "gate": gate,
-                           "gains": teacher, "n_boot": args.n_boot, "seed": args.seed},
+                           "gains": teacher, "n_boot": args.n_boot, "seed": args.seed,
+                           "by_pair": teacher_by_pair},
     "student_gains.json": {"pair": pair_name, "gains": student, "scan": scan, "missing_baselines": missing,
-                           "by_condition": by_condition, "family": family},
+                           "by_condition": by_condition, "family": family, "vs_post": vs_post},
     "conditions.json": {"pair": pair_name, "conditions": conditions, "summary": cross, "hypotheses": hypotheses},
     "roster.json": {"counts": counts, "items": roster},
     "pending.json": pending,
@@ -526,12 +621,15 @@ for name, obj in {
     "diagnostics.json": {"units": diag},
     "training.json": {"runs": training},
     "raft.json": raft,
+    "rollouts.json": {"truncated_extraction": {"units": trunc_units, "conditions": trunc_conditions},
+                      "excerpts": excerpt_sets},
 }.items():
     atomic_write_json(out_dir / name, obj)
 write_manifest(out_dir, stage="05_stats", script=__file__, args=vars(args),
                inputs={k: {"path": k, "sha256": v} for k, v in sorted(inputs.items())},
                outputs=["teacher_gains.json", "student_gains.json", "transfer.json",   # relative to out_dir
                         "cap_sensitivity.json", "diagnostics.json", "training.json", "raft.json",
-                        "pending.json", "gates.json", "ledger.json", "conditions.json", "roster.json"],
+                        "pending.json", "gates.json", "ledger.json", "conditions.json", "roster.json",
+                        "rollouts.json"],
                started=started, wall_s=time.monotonic() - t0, extra={"pair": pair_name})
 print(f"05_stats: wrote {out_dir}")

@@ -7,15 +7,19 @@ Writes `report/`:
 
     README.md          TL;DR generated from the numbers (the verdict per condition on its latest evaluated checkpoint,
                        pooled over training seeds, Holm-adjusted), then tables: teacher gains and the gate, the main
-                       pair's gates (01_gates), training dynamics and the collapse watch, the conditions, the
-                       cross-condition summary, per-step snapshots, student gain per checkpoint, per condition each
-                       seed and the pooled gain, the naive comparison beside the paired one, the hypotheses' verdicts
+                       pair's gates (01_gates), the cross-pair anatomy on one frozen set of student rollouts,
+                       training dynamics and the collapse watch, the conditions, the cross-condition summary,
+                       per-step snapshots, student gain per checkpoint, per condition each seed and the pooled gain,
+                       the naive and the unpaired comparison beside the paired one, each checkpoint against its
+                       pair's π_post, the hypotheses' verdicts
                        clause by clause, the Direct-OPD transfer ratio (five guards), gain scan, per-unit diagnostics,
-                       answer-format split, truncation, cap sensitivity, RAFT, alignment audit, time ledger (reruns
+                       answer-format split, truncation and extraction on truncated samples per unit and per
+                       condition, cap sensitivity, rollout excerpts, RAFT, alignment audit, time ledger (reruns
                        included), pending runs and units, the roster of every run and unit. Each table names its
                        source.
-    figures/*.png      teacher gains, student gain per checkpoint (collapse band shaded), teacher vs student gain,
-                       training curves per run, answer-format split, RAFT loss
+    figures/*.png      teacher gains; per condition: student gain vs step (collapse bands shaded), its pooled
+                       gain beside its pair's teacher gain, response length and clip ratio vs step; training curves
+                       per run; answer-format split (left out when every bar is one extractor at 100 %); RAFT loss
     MANIFEST.json      every input file (relative to the campaign directory) with its sha256
     CHECKSUMS.sha256   sha256 of README.md, MANIFEST.json and every figure (`sha256sum -c` format)
     manifest.json      the stage manifest (the only file here that holds times)
@@ -45,7 +49,7 @@ from lib.report.campaign import earlier_runs, find_runs, find_units, manifest_ru
 from lib.report.stats import format_gain, verdict
 
 STATS = ("teacher_gains", "student_gains", "transfer", "cap_sensitivity", "diagnostics", "training", "raft", "pending",
-         "gates", "ledger", "conditions", "roster")
+         "gates", "ledger", "conditions", "roster", "rollouts")
 # what each reward is, in its own terms: classic OPD has one teacher, Direct-OPD rewards the π_post − π_pre shift
 REWARD_NAMES = {"opd": "classic OPD, one teacher", "delta-sampled": "Direct-OPD, sampled-token shift reward",
                 "delta-topk": "Direct-OPD, weighted top-K shift reward"}
@@ -100,6 +104,10 @@ def pct(x, nd=1):
     return "—" if x is None else f"{x:.{nd}f}"
 
 
+def ci3(c):
+    return "—" if c is None else f"[{c[0]:.3f}, {c[1]:.3f}]"
+
+
 def num(x, nd=3):
     return "—" if x is None else (str(x) if isinstance(x, int) else f"{x:.{nd}f}")
 
@@ -136,7 +144,7 @@ def slug(s: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", s)
 
 
-T, SG, TR, CAP, DG, TRN, RAFT, PEND, GATES, LEDGER, COND, ROSTER = (S[k] for k in STATS)
+T, SG, TR, CAP, DG, TRN, RAFT, PEND, GATES, LEDGER, COND, ROSTER, ROLL = (S[k] for k in STATS)
 teacher, student, ratios, runs, diag = T["gains"], SG["gains"], TR["ratios"], TRN["runs"], DG["units"]
 diag_by_unit = {d["unit"]: d for d in diag}
 gate = T["gate"]
@@ -296,6 +304,32 @@ else:
     L += ["pending: 01_gates has not finished in this campaign directory." if GATES.get("pending") else
           "01_gates has not run in this campaign directory: no gate to show.", ""]
 
+# --- 1.2 the cross-pair anatomy (source §17) ---
+XA = GATES.get("anatomy_cross")
+if XA:
+    ro = XA["rollouts"]
+    L += ["### 1.2 Cross-pair anatomy — every pair on one frozen set of student rollouts", "",
+          f"The student `{XA['student']}` sampled {ro['n_sequences']} rollouts once (`gates/{ro['file']}`, sha256 "
+          f"`{ro['sha256'][:16]}…`, {'read back from an earlier run' if ro['reused'] else 'drawn in this run'}); "
+          "each pair's π_pre and π_post scored exactly those tokens, so the rows differ only in which pair is "
+          "subtracted (Δ = log π_post − log π_pre). log p(stop) is at the answer ends where the student really "
+          "stopped; the AUROC is of the sequence-mean Δ for correctness within length-quantile bins (DESIGN.md §8.5).",
+          ""]
+    scored = [r for r in XA["pairs"] if r["status"] == "scored"]
+    table(["pair", "π_pre", "π_post", "tokens", "mean Δ", "% Δ > 0", "% Δ > 0 where decided", "mean abs Δ",
+           "Δ at stop", "stops", "log p(stop) student", "log p(stop) π_pre", "log p(stop) π_post", "AUROC", "AUROC CI"],
+          [[r["pair"], r["pi_pre"], r["pi_post"], r["n_tokens"], num(r["token_mean_delta"], 4),
+            pct(100 * r["pos_frac"] if r["pos_frac"] is not None else None),
+            pct(100 * r["pos_frac_decided"] if r["pos_frac_decided"] is not None else None),
+            num(r["abs_mean_delta"], 4), num(r["stop"]["mean_delta"], 4), r["stop"]["n"],
+            num(r["logp_stop_at_answer_end"]["student"], 4), num(r["logp_stop_at_answer_end"]["pi_pre"], 4),
+            num(r["logp_stop_at_answer_end"]["pi_post"], 4), num(r["auroc"].get("length_controlled"), 3),
+            ci3(r["auroc"].get("ci95"))] for r in scored], "`stats/gates.json` (anatomy_cross, from "
+          "`gates/anatomy_cross.json`)")
+    for r in XA["pairs"]:
+        if r["status"] != "scored":
+            L += [f"Pair `{r['pair']}` not scored: {r['reason']}", ""]
+
 # --- 2. training dynamics ---
 L += ["## 2. Training dynamics and the collapse watch", "",
       "Collapse onset = first step with clip ratio > 0.5; length runaway = first step whose mean response length "
@@ -356,14 +390,27 @@ table(["condition", "benchmark", "protocol", "runs", "gain (pp)", "95 % CI", "Ho
         steps_list(x["onset_steps"]), steps_list(x["runaway_steps"]), f"{x['n_collapsed']}/{len(x['runs'])}",
         num(x["peak_clip_ratio"]), pct(x["mean_truncation_pct"])] for x in COND["summary"]],
       "`stats/conditions.json` (summary)")
+dyn = []
+for c in COND["conditions"]:
+    c_runs = {r["run"]: {"length": r["curves"].get("response_length/mean", []),
+                         "clip": r["curves"].get("response_length/clip_ratio", [])}
+              for r in runs if r["condition_id"] == c["id"]}
+    if c_runs:
+        dyn.append({"condition": c["name"], "runs": c_runs})
+if dyn:
+    figure(figures.dynamics_by_condition(dyn, fig_dir / "dynamics_by_condition.png"),
+           "response length and clip ratio per condition")
 
 # --- 2.3 per-step snapshots ---
 L += ["### 2.3 Per-step snapshots", "",
-      "Each run's metrics at its checkpoint steps and at the steps before, at and after a collapse onset.", ""]
-table(["run", "step", "shown at", "mean length", "clip ratio", "reward mean", "KL coef", "entropy", "grad norm"],
-      [[r["run"], x["step"], ", ".join(x["why"]), num(x["response_length/mean"], 2),
+      "Each run's metrics at its checkpoint steps and at the steps before, at and after a collapse onset, grouped "
+      "by condition.", ""]
+table(["condition", "run", "step", "shown at", "mean length", "clip ratio", "reward mean", "KL coef", "entropy",
+       "grad norm"],
+      [[f"`{r['condition']}`", r["run"], x["step"], ", ".join(x["why"]), num(x["response_length/mean"], 2),
         num(x["response_length/clip_ratio"]), num(x["delta_opd/weighted_reward_mean"], 4), num(x["actor/kl_coef"]),
-        num(x["actor/entropy"]), num(x["actor/grad_norm"], 2)] for r in runs for x in r["snapshots"]],
+        num(x["actor/entropy"]), num(x["actor/grad_norm"], 2)]
+       for r in sorted(runs, key=lambda r: (r["condition"], r["run"])) for x in r["snapshots"]],
       "`stats/training.json` (snapshots, from each run's metrics.jsonl)")
 
 # --- 3. student gains ---
@@ -391,12 +438,15 @@ if SG["missing_baselines"]:
           ", ".join(f"`{m['unit']}`" for m in SG["missing_baselines"]), ""]
 bands = {r["run"]: r["watch"]["collapse_band"] for r in runs}
 for bench, proto in sorted({(g["benchmark"], g["protocol"]) for g in student}):
-    series = {}
+    panels = {}                     # one panel per condition, one line per run (seed) in it
     for g in student:
         if (g["benchmark"], g["protocol"]) == (bench, proto):
-            series.setdefault(g["run"], []).append((g["step"], g))
-    figure(figures.student_curve(series, {k: bands.get(k) for k in series}, f"student gain — {bench}/{proto}",
-                                 fig_dir / f"student_gain_{slug(bench)}_{slug(proto)}.png"), f"student gain {bench}")
+            p = panels.setdefault(g["condition"], {"condition": g["condition"], "series": {}, "bands": {}})
+            p["series"].setdefault(g["run"], []).append((g["step"], g))
+            p["bands"][g["run"]] = bands.get(g["run"])
+    figure(figures.gain_vs_step_by_condition([panels[c] for c in sorted(panels)], f"student gain — {bench}/{proto}",
+                                             fig_dir / f"student_gain_{slug(bench)}_{slug(proto)}.png"),
+           f"student gain {bench}/{proto} per condition")
 
 # --- 3.1 per condition: training seeds and the pooled gain ---
 L += ["### 3.1 Per condition: each training seed's latest evaluated checkpoint, and the pooled gain", "",
@@ -417,17 +467,37 @@ for e in SG["by_condition"]:
 table(["condition", "benchmark", "protocol", "row", "step", "init acc", "ckpt acc", "gain (pp)", "95 % CI", "p",
        "Holm p", "verdict"], rows, "`stats/student_gains.json` (by_condition)")
 
-# --- 3.2 the naive comparison beside the paired one ---
-L += ["### 3.2 Naive comparison beside the paired one", "",
-      "Where a checkpoint unit has fewer seeds than the init's (a curve unit against the 32-seed baseline), the paired "
-      "gain above restricts the init to the checkpoint's seeds. The naive comparison takes each side's per-problem "
-      "accuracy over all its own seeds (paired in problems, unpaired in samples): not the estimand, shown so the "
-      "restriction can be seen not to make the result.", ""]
-table(["run", "step", "benchmark", "protocol", "paired gain", "paired CI", "init seeds paired", "naive gain",
-       "naive CI", "init seeds naive"],
-      [[g["run"], g["step"], g["benchmark"], g["protocol"], pp(g["gain_pp"]), ci(g["ci95_pp"]), g["n_seeds"],
-        pp(g["naive"]["gain_pp"]), ci(g["naive"]["ci95_pp"]), g["naive"]["seeds_a"]] for g in student if "naive" in g],
-      "`stats/student_gains.json` (naive)")
+# --- 3.2 the naive and the unpaired comparison beside the paired one ---
+L += ["### 3.2 Naive and unpaired comparisons beside the paired one", "",
+      "The paired gain (the estimand, DESIGN.md §6) beside two comparisons that are not. Naive: where a checkpoint "
+      "unit has fewer seeds than the init's (a curve unit against the 32-seed baseline) the paired gain restricts the "
+      "init to the checkpoint's seeds; the naive one takes each side's per-problem accuracy over all its own seeds "
+      "(paired in problems, unpaired in samples; — where no restriction was made, as it would equal the paired one). "
+      "Unpaired: the same per-problem accuracies with each side's problems resampled on their own, as if the two "
+      "models had answered different problems; its wider CI is what pairing by problem buys.", ""]
+
+
+def width(c):
+    return "—" if c is None else f"{c[1] - c[0]:.3f}"
+
+
+table(["run", "step", "benchmark", "protocol", "paired gain", "paired CI", "paired CI width", "seeds paired",
+       "naive gain", "naive CI", "init seeds naive", "unpaired CI", "unpaired CI width"],
+      [[g["run"], g["step"], g["benchmark"], g["protocol"], pp(g["gain_pp"]), ci(g["ci95_pp"]), width(g["ci95_pp"]),
+        g["n_seeds"], pp(g["naive"]["gain_pp"]) if "naive" in g else "—", ci(g["naive"]["ci95_pp"]) if "naive" in g
+        else "—", g["naive"]["seeds_a"] if "naive" in g else "—", ci(g["unpaired"]["ci95_pp"]),
+        width(g["unpaired"]["ci95_pp"])] for g in student],
+      "`stats/student_gains.json` (gains: naive, unpaired)")
+
+# --- 3.2.1 the student against its own pair's π_post, paired ---
+L += ["### 3.2.1 Student against π_post, paired", "",
+      "Every evaluated checkpoint against the π_post of its condition's pair (same problems, common seeds): how far the "
+      "student got towards its teacher, or past it. A negative gain is the distance still to go.", ""]
+table(["condition", "run", "step", "benchmark", "protocol", "pair", "π_post acc", "ckpt acc", "gain (pp)", "95 % CI",
+       "p", "verdict", "seeds"],
+      [[f"`{v['condition']}`", v["run"], v["step"], v["benchmark"], v["protocol"], v["pair"], pct(v["acc_a"], 2),
+        pct(v["acc_b"], 2), pp(v["gain_pp"]), ci(v["ci95_pp"]), v["p_str"], verdict(v), v["n_seeds"]]
+       for v in SG.get("vs_post", [])], "`stats/student_gains.json` (vs_post)")
 
 # --- 3.3 hypotheses ---
 L += ["### 3.3 Hypotheses", "",
@@ -455,14 +525,21 @@ table(["run", "step", "benchmark", "protocol", "teacher protocol", "teacher gain
         num(r["ratio"]) if r["ratio"] is not None else "withheld: " + ", ".join(r["failed"])]
        for r in ratios if r["latest"]],
       "`stats/transfer.json` (latest evaluated checkpoints; every checkpoint is in the file)")
+# each condition's pooled student gain beside the teacher gain of its own pair (a collapse arm or a RAFT student is
+# trained on another pair than the campaign's), at the benchmark's primary protocol
+pair_of = {c["id"]: (c["settings"] or {}).get("pair", T["pair"]) for c in COND["conditions"]}
+by_pair = T.get("by_pair") or {T["pair"]: teacher}
 pts = []
-for r in ratios:
-    if r["latest"]:
-        t = {"gain_pp": r["teacher_gain_pp"], "ci95_pp": r["teacher_ci95_pp"]}
-        s = {"gain_pp": r["student_gain_pp"], "ci95_pp": r["student_ci95_pp"]}
-        pts.append({"label": f"{r['run']} {r['benchmark']}/{r['protocol']}", "teacher": t, "student": s})
+for x in COND["summary"]:
+    if x["decision"] is None:
+        continue
+    t = next((t for t in by_pair.get(pair_of.get(x["condition_id"]), [])
+              if (t["benchmark"], t["protocol"]) == (x["benchmark"], x["protocol"])), None)
+    pts.append({"label": f"{x['condition']} · {x['benchmark']}/{x['protocol']}", "teacher": t,
+                "student": x["decision"]})
 if pts:
-    figure(figures.teacher_vs_student(pts, fig_dir / "teacher_vs_student.png"), "teacher vs student gain")
+    figure(figures.teacher_student_by_condition(pts, fig_dir / "teacher_vs_student.png"),
+           "teacher gain vs student gain per condition")
 
 # --- 5. diagnostics ---
 L += ["## 5. Diagnostics", "", "### 5.1 Per unit: accuracy, truncation, length, answer format", "",
@@ -486,15 +563,31 @@ table(["benchmark", "model", "role", "step", "answer_line %", "boxed %", "none %
       [[d["benchmark"], d["alias"], d["role"], num(d["train_step"]), pct(d["extractor_pct"]["answer_line"]),
         pct(d["extractor_pct"]["boxed"]), pct(d["extractor_pct"]["none"])] for d in fmt_rows],
       "`stats/diagnostics.json`")
-if fmt_rows:
+if fmt_rows and figures.all_one_extractor([d["extractor_pct"] for d in fmt_rows]):
+    L += ["Every unit above answers through one extractor on all its samples: no chart is drawn.", ""]
+elif fmt_rows:
     figure(figures.answer_format([(f"{d['benchmark']} · {d['alias']}", d["extractor_pct"]) for d in fmt_rows],
                                  "answer-format split (primary protocol)", fig_dir / "answer_format.png"),
            "answer format")
-L += ["### 5.3 Truncation: what truncated samples still extract and score", ""]
-table(["unit", "trunc %", "truncated samples", "max tokens", "extracted on truncated %", "acc on truncated %"],
-      [[f"`{d['unit']}`", pct(d["truncation_pct"]), d["n_truncated"], d["max_tokens"],
-        pct(d["truncated_extracted_pct"]), pct(d["truncated_accuracy_pct"], 2)] for d in diag],
-      "`stats/diagnostics.json`")
+L += ["### 5.3 Truncation: what truncated samples still extract and score", "",
+      "Source §8.3: a truncated sample that still ends in a gradeable answer is a student that reached its answer and "
+      "then kept writing (a lost stop token); one with no answer never got there. Extracted % is of the truncated "
+      "samples, correct % of those extracted.", ""]
+TX = ROLL["truncated_extraction"]
+table(["unit", "role", "condition", "step", "samples", "trunc %", "truncated samples", "extracted", "extracted %",
+       "correct", "correct of extracted %", "acc on truncated %"],
+      [[f"`{t['unit']}`", t["role"], f"`{t['condition']}`" if t["condition"] else "—", num(t["step"]), t["n_samples"],
+        pct(t["truncation_pct"]), t["n_truncated"], t["n_extracted"], pct(t["extracted_pct"]),
+        t["n_extracted_correct"], pct(t["correct_of_extracted_pct"]),
+        pct(diag_by_unit[t["unit"]]["truncated_accuracy_pct"], 2)] for t in TX["units"]],
+      "`stats/rollouts.json` (truncated_extraction.units), `stats/diagnostics.json`")
+L += ["Per condition, summed over its seeds' latest evaluated checkpoints (the units its verdict in §3.1 rests on):", ""]
+table(["condition", "benchmark", "protocol", "seeds", "samples", "trunc %", "truncated samples", "extracted",
+       "extracted %", "correct", "correct of extracted %"],
+      [[f"`{c['condition']}`", c["benchmark"], c["protocol"], ", ".join(map(str, c["training_seeds"])), c["n_samples"],
+        pct(c["truncation_pct"]), c["n_truncated"], c["n_extracted"], pct(c["extracted_pct"]), c["n_extracted_correct"],
+        pct(c["correct_of_extracted_pct"])] for c in TX["conditions"]],
+      "`stats/rollouts.json` (truncated_extraction.conditions)")
 L += ["### 5.4 Cap sensitivity — π_post held to π_pre's cap", "",
       "kept-only: π_post's accuracy on its samples within π_pre's cap, on the problems that have one (conditional, "
       "biased towards easy problems); over-cap-as-wrong: every longer sample counted wrong (a lower bound).", ""]
@@ -511,6 +604,27 @@ if rows:
            "samples within cap %"], rows, "`stats/cap_sensitivity.json`")
 else:
     L += ["π_post and π_pre share one token cap on every benchmark: no cap-sensitivity view applies.", ""]
+
+# --- 5.5 rollout excerpts ---
+L += ["### 5.5 Rollout excerpts", "",
+      "Up to three samples of each evaluated checkpoint (and of the student's init), one of each kind in this order: "
+      "truncated with an answer, truncated without, stopped and correct, stopped and wrong — the first of each kind "
+      "by problem id and seed (lib/report/rollouts.py). A long completion shows its head and tail with the characters "
+      "left out counted, so a loop at the end stays visible; ⏎ marks a line break; repeats = how often the most "
+      "frequent line occurs.", ""]
+
+
+def excerpt_text(text: str) -> str:
+    return "`" + cell(text.replace("`", "'").replace("\n", " ⏎ ")) + "`"
+
+
+table(["unit", "role", "step", "kind", "problem", "seed", "tokens", "cap hit", "extractor", "extracted", "correct",
+       "repeats", "chars left out", "excerpt"],
+      [[f"`{x['unit']}`", x["role"], num(x["step"]), e["kind"], e["problem_id"], e["seed"], e["n_tokens"],
+        "**truncated**" if e["truncated"] else "stopped", e["extractor"], cell(str(e["extracted"] or "—")),
+        "yes" if e["correct"] else "no", e["max_line_repeats"], e["chars_left_out"], excerpt_text(e["excerpt"])]
+       for x in ROLL["excerpts"] for e in x["excerpts"]], "`stats/rollouts.json` (excerpts, from each unit's "
+      "samples.jsonl)")
 
 # --- 6. RAFT ---
 L += ["## 6. RAFT teacher", ""]

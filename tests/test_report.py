@@ -595,8 +595,8 @@ def table_specs(campaign):
     diag = {d["unit"]: d for d in DG}
     lvl = lambda entries: [dict(r, _e=e, _lv=lv) for e in entries for lv, r in e["by_level"].items()]
     lvl_cols = {**gain_cols("a acc", "b acc"), "verdict": ("str", sig), "problems": ("num", lambda r: r["n_problems"])}
-    an = gates["anatomy"]
-    measures = {"sequences": an["n_sequences"], "tokens": an["n_tokens"], "token-mean Δ": an["token_mean_delta"],
+    an = gates.get("anatomy")
+    measures = {} if an is None else {"sequences": an["n_sequences"], "tokens": an["n_tokens"], "token-mean Δ": an["token_mean_delta"],
                 "student-weighted mean Δ": an["student_weighted_mean"], "fraction of tokens with Δ > 0": an["pos_frac"],
                 "… of those with |Δ| ≥ the tie tolerance": an["pos_frac_decided"],
                 "mean abs Δ": an["abs_mean_delta"], "interior-token mean Δ": an["interior_mean_delta"],
@@ -623,9 +623,26 @@ def table_specs(campaign):
     COND, ROS = J("stats/conditions.json"), J("stats/roster.json")["items"]
     dec = lambda k, nd=None: (lambda r: r["decision"][k] if r["decision"] else None)
     steps_text = lambda xs: ", ".join("—" if x is None else str(x) for x in xs) or "—"
-    snaps = [dict(x, _run=r["run"]) for r in TRN["runs"] for x in r["snapshots"]]
+    snaps = [dict(x, _run=r["run"], _cond=r["condition"]) for r in TRN["runs"] for x in r["snapshots"]]
+    ROLL = J("stats/rollouts.json")
+    trunc_cols = {"samples": ("num", lambda r: r["n_samples"]), "trunc %": ("num", lambda r: r["truncation_pct"]),
+                  "truncated samples": ("num", lambda r: r["n_truncated"]), "extracted": ("num", lambda r: r["n_extracted"]),
+                  "extracted %": ("num", lambda r: r["extracted_pct"]), "correct": ("num", lambda r: r["n_extracted_correct"]),
+                  "correct of extracted %": ("num", lambda r: r["correct_of_extracted_pct"])}
     clauses = [dict(c, _h=h["name"]) for h in COND["hypotheses"] for c in h["clauses"]]
+    XA = [r for r in (J("stats/gates.json").get("anatomy_cross") or {}).get("pairs", []) if r["status"] == "scored"]
+    lps = lambda role: ("num", lambda r: r["logp_stop_at_answer_end"][role])
+    share = lambda k: ("num", lambda r: None if r[k] is None else 100 * r[k])
     return [
+        (["pair", "π_pre", "π_post", "tokens"], XA, {"pair": lambda r: r["pair"]},
+         {"π_pre": ("str", lambda r: r["pi_pre"]), "π_post": ("str", lambda r: r["pi_post"]),
+          "tokens": ("num", lambda r: r["n_tokens"]), "mean Δ": ("num", lambda r: r["token_mean_delta"]),
+          "% Δ > 0": share("pos_frac"), "% Δ > 0 where decided": share("pos_frac_decided"),
+          "mean abs Δ": ("num", lambda r: r["abs_mean_delta"]), "Δ at stop": ("num", lambda r: r["stop"]["mean_delta"]),
+          "stops": ("num", lambda r: r["stop"]["n"]), "log p(stop) student": lps("student"),
+          "log p(stop) π_pre": lps("pi_pre"), "log p(stop) π_post": lps("pi_post"),
+          "AUROC": ("num", lambda r: r["auroc"].get("length_controlled")),
+          "AUROC CI": ("nums", lambda r: r["auroc"].get("ci95") or [None])}),
         (["condition", "id", "reward", "runs"], COND["conditions"], {"condition": lambda r: r["name"]},
          {"id": ("str", lambda r: r["id"]), "reward": ("str", lambda r: r["reward"]),
           "runs": ("str", lambda r: ", ".join(r["runs"])), "training seeds": ("nums", lambda r: r["seeds"]),
@@ -641,18 +658,40 @@ def table_specs(campaign):
           "collapsed": ("nums", lambda r: [r["n_collapsed"], len(r["runs"])]),
           "peak clip": ("num", lambda r: r["peak_clip_ratio"]),
           "eval truncation %": ("num", lambda r: r["mean_truncation_pct"])}),
-        (["run", "step", "shown at"], snaps, {"run": lambda r: r["_run"], "step": lambda r: str(r["step"])},
-         {"shown at": ("str", lambda r: ", ".join(r["why"])), "mean length": ("num", lambda r: r["response_length/mean"]),
+        (["condition", "run", "step", "shown at"], snaps, {"run": lambda r: r["_run"], "step": lambda r: str(r["step"])},
+         {"condition": ("str", lambda r: r["_cond"]), "shown at": ("str", lambda r: ", ".join(r["why"])), "mean length": ("num", lambda r: r["response_length/mean"]),
           "clip ratio": ("num", lambda r: r["response_length/clip_ratio"]),
           "reward mean": ("num", lambda r: r["delta_opd/weighted_reward_mean"]),
           "KL coef": ("num", lambda r: r["actor/kl_coef"]), "entropy": ("num", lambda r: r["actor/entropy"]),
           "grad norm": ("num", lambda r: r["actor/grad_norm"])}),
-        (["run", "step", "benchmark", "protocol", "paired gain"], [g for g in SG["gains"] if "naive" in g],
+        (["run", "step", "benchmark", "protocol", "paired gain"], SG["gains"],
          {"run": lambda r: r["run"], "step": lambda r: str(r["step"]), "benchmark": lambda r: r["benchmark"],
           "protocol": lambda r: r["protocol"]},
          {"paired gain": ("num", lambda r: r["gain_pp"]), "paired CI": ("nums", lambda r: r["ci95_pp"]),
-          "init seeds paired": ("num", lambda r: r["n_seeds"]), "naive gain": ("num", lambda r: r["naive"]["gain_pp"]),
-          "naive CI": ("nums", lambda r: r["naive"]["ci95_pp"]), "init seeds naive": ("num", lambda r: r["naive"]["seeds_a"])}),
+          "paired CI width": ("num", lambda r: r["ci95_pp"][1] - r["ci95_pp"][0]),
+          "seeds paired": ("num", lambda r: r["n_seeds"]),
+          "naive gain": ("num", lambda r: r["naive"]["gain_pp"] if "naive" in r else None),
+          "naive CI": ("nums", lambda r: r["naive"]["ci95_pp"] if "naive" in r else [None]),
+          "init seeds naive": ("num", lambda r: r["naive"]["seeds_a"] if "naive" in r else None),
+          "unpaired CI": ("nums", lambda r: r["unpaired"]["ci95_pp"]),
+          "unpaired CI width": ("num", lambda r: r["unpaired"]["ci95_pp"][1] - r["unpaired"]["ci95_pp"][0])}),
+        (["condition", "run", "step", "benchmark", "protocol", "pair"], SG["vs_post"],
+         {"condition": lambda r: r["condition"], "run": lambda r: r["run"], "step": lambda r: str(r["step"]),
+          "benchmark": lambda r: r["benchmark"], "protocol": lambda r: r["protocol"]},
+         {"pair": ("str", lambda r: r["pair"]), **gain_cols("π_post acc", "ckpt acc"), "verdict": ("str", sig),
+          "seeds": ("num", lambda r: r["n_seeds"])}),
+        (["condition", "benchmark", "protocol", "seeds"], ROLL["truncated_extraction"]["conditions"],
+         {"condition": lambda r: r["condition"], "benchmark": lambda r: r["benchmark"],
+          "protocol": lambda r: r["protocol"]}, {"seeds": ("nums", lambda r: r["training_seeds"]), **trunc_cols}),
+        (["unit", "role", "step", "kind"], [dict(e, _x=x) for x in ROLL["excerpts"] for e in x["excerpts"]],
+         {"unit": lambda r: r["_x"]["unit"], "kind": lambda r: r["kind"]},
+         {"role": ("str", lambda r: r["_x"]["role"]), "step": ("num", lambda r: r["_x"]["step"]),
+          "problem": ("str", lambda r: r["problem_id"]), "seed": ("num", lambda r: r["seed"]),
+          "tokens": ("num", lambda r: r["n_tokens"]), "cap hit": ("str", lambda r: "truncated" if r["truncated"] else "stopped"),
+          "extractor": ("str", lambda r: r["extractor"]), "extracted": ("str", lambda r: r["extracted"] or "—"),
+          "correct": ("str", lambda r: "yes" if r["correct"] else "no"), "repeats": ("num", lambda r: r["max_line_repeats"]),
+          "chars left out": ("num", lambda r: r["chars_left_out"]),
+          "excerpt": ("str", lambda r: r["excerpt"].replace("`", "'").replace("\n", " ⏎ "))}),
         (["hypothesis", "clause", "result"], clauses, {"hypothesis": lambda r: r["_h"], "clause": lambda r: str(r["clause"])},
          {"result": ("str", lambda r: r["result"]), "what it says": ("str", lambda r: r["text"]),
           "measured": ("str", lambda r: r["detail"] or "—")}),
@@ -722,11 +761,10 @@ def table_specs(campaign):
          {"benchmark": lambda r: r["benchmark"], "model": lambda r: r["alias"]},
          {"role": ("str", lambda r: r["role"]), "step": ("num", lambda r: r["train_step"]),
           **{f"{e} %": ("num", lambda r, e=e: r["extractor_pct"][e]) for e in ("answer_line", "boxed", "none")}}),
-        (["unit", "trunc %", "truncated samples"], DG, {"unit": lambda r: r["unit"]},
-         {"trunc %": ("num", lambda r: r["truncation_pct"]), "truncated samples": ("num", lambda r: r["n_truncated"]),
-          "max tokens": ("num", lambda r: r["max_tokens"]),
-          "extracted on truncated %": ("num", lambda r: r["truncated_extracted_pct"]),
-          "acc on truncated %": ("num", lambda r: r["truncated_accuracy_pct"])}),
+        (["unit", "role", "condition", "step"], ROLL["truncated_extraction"]["units"], {"unit": lambda r: r["unit"]},
+         {"role": ("str", lambda r: r["role"]), "condition": ("str", lambda r: r["condition"] or "—"),
+          "step": ("num", lambda r: r["step"]), **trunc_cols,
+          "acc on truncated %": ("num", lambda r: diag[r["unit"]]["truncated_accuracy_pct"])}),
         (["benchmark", "protocol", "π_pre cap", "view"],
          [dict(r, _v=v, _name=n) for v in CAP["views"] for n, r in (("native", v["native"]),
           ("over-cap-as-wrong", v["over_cap_as_wrong"]), ("kept-only", v["kept_only"])) if r is not None],
@@ -927,7 +965,7 @@ REPORT_MUTANTS = {   # name: (old, new) in 06_report.py
                               '        rows.append([f"`{e[\'condition\']}`", e["benchmark"], e["protocol"], f"seed {h[\'training_seed\']}"'),
     "snapshot columns swapped": ('num(x["response_length/clip_ratio"]), num(x["delta_opd/weighted_reward_mean"], 4), num(x["actor/kl_coef"])',
                                  'num(x["response_length/clip_ratio"]), num(x["delta_opd/weighted_reward_mean"], 4), num(x["actor/entropy"])'),
-    "naive CI printed as the paired one": ('pp(g["naive"]["gain_pp"]), ci(g["naive"]["ci95_pp"])', 'pp(g["naive"]["gain_pp"]), ci(g["ci95_pp"])'),
+    "naive CI printed as the paired one": ('ci(g["naive"]["ci95_pp"]) if "naive" in g', 'ci(g["ci95_pp"]) if "naive" in g'),
     "a hypothesis verdict left out of the TL;DR": ('for h in COND["hypotheses"]) + ".")', 'for h in COND["hypotheses"][1:]) + ".")'),
     "summary onset and runaway swapped": ('steps_list(x["onset_steps"]), steps_list(x["runaway_steps"])',
                                           'steps_list(x["runaway_steps"]), steps_list(x["onset_steps"])'),
@@ -979,7 +1017,8 @@ def test_readme_content_and_figures(campaign):
     assert "## 9. Pending" in readme and "`train/delta-sampled`" in readme
     pngs = sorted(p.name for p in (rep / "figures").glob("*.png"))
     assert pngs == sorted(["teacher_gains.png", "student_gain_toy_sample4.png", "student_gain_toy_greedy.png",
-                           "student_gain_toy_curve8.png", "teacher_vs_student.png", "answer_format.png", "raft_loss.png"]
+                           "student_gain_toy_curve8.png", "teacher_vs_student.png", "answer_format.png", "raft_loss.png",
+                           "dynamics_by_condition.png"]
                           + [f"training_{n}.png" for n, *_ in RUNS] + ["training_delta-sampled.png"])   # unfinished too
     for name in pngs:
         assert f"(figures/{name})" in readme

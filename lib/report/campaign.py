@@ -162,6 +162,10 @@ def diagnostics(rows: list[dict]) -> dict:
         "n_truncated": len(trunc),
         "truncated_extracted_pct": pct(sum(r["extractor"] != "none" for r in trunc), len(trunc)),
         "truncated_accuracy_pct": pct(sum(bool(r["correct"]) for r in trunc), len(trunc)),
+        # source §8.3's two numbers: of the truncated samples, how many still extract an answer, and how many of those
+        # are right (a collapsed student that reaches its answer and then loops extracts; a destroyed one does not)
+        "n_truncated_extracted": sum(r["extractor"] != "none" for r in trunc),
+        "n_truncated_extracted_correct": sum(r["extractor"] != "none" and bool(r["correct"]) for r in trunc),
         "verify_method": dict(sorted(Counter(r["verify_method"] for r in rows).items())),
         "accuracy_by_level_pct": {k: pct(sum(v), len(v)) for k, v in sorted(by_level.items())},
     }

@@ -56,48 +56,6 @@ def gains_forest(rows: list[dict], title: str, path) -> str:
     return save(fig, path)
 
 
-def student_curve(series: dict, bands: dict, title: str, path) -> str:
-    """Student gain vs training step per run ({run: [(step, result)]}), the collapse band of each run shaded."""
-    fig, ax = plt.subplots(figsize=(6.4, 3.6))
-    for k, (run, pts) in enumerate(sorted(series.items())):
-        steps = [s for s, _ in pts]
-        gains = [r["gain_pp"] for _, r in pts]
-        lo = [r["gain_pp"] - r["ci95_pp"][0] for _, r in pts]
-        hi = [r["ci95_pp"][1] - r["gain_pp"] for _, r in pts]
-        ax.errorbar([s + 0.3 * k for s in steps], gains, yerr=[lo, hi], fmt="o-", capsize=4, label=run)
-        if bands.get(run):
-            a, b = bands[run]
-            ax.axvspan(a - 0.5, b + 0.5, **BAND, label=f"{run}: collapse band {a}–{b}")
-    ax.axhline(0, color="k", lw=0.8)
-    ax.set_xlabel("training step (checkpoint)")
-    ax.set_ylabel("gain vs student init (pp)")
-    ax.set_title(title)
-    ax.legend(fontsize=8)
-    return save(fig, path)
-
-
-def teacher_vs_student(points: list[dict], path) -> str:
-    """Teacher gain (x) against the latest evaluated checkpoint's student gain (y), both with their CIs; y = x
-    dashed."""
-    fig, ax = plt.subplots(figsize=(5.2, 4.6))
-    for p in points:
-        ax.errorbar(p["teacher"]["gain_pp"], p["student"]["gain_pp"], xerr=_errbar(p["teacher"]),
-                    yerr=_errbar(p["student"]), fmt="o", capsize=3, label=p["label"])
-    xs = [p["teacher"]["ci95_pp"][1] for p in points] + [p["student"]["ci95_pp"][1] for p in points] + [1.0]
-    ns = [p["teacher"]["ci95_pp"][0] for p in points] + [p["student"]["ci95_pp"][0] for p in points] + [-1.0]
-    lim = (min(ns) - 1, max(xs) + 1)
-    ax.plot(lim, lim, "k--", lw=0.8, label="full transfer (y = x)")
-    ax.axhline(0, color="k", lw=0.6)
-    ax.axvline(0, color="k", lw=0.6)
-    ax.set_xlim(lim)
-    ax.set_ylim(lim)
-    ax.set_xlabel("teacher gain π_post − π_pre (pp)")
-    ax.set_ylabel("student gain, latest evaluated checkpoint (pp)")
-    ax.set_title("teacher gain vs student gain")
-    ax.legend(fontsize=7)
-    return save(fig, path)
-
-
 def training_curves(run: dict, path) -> str:
     """The six DESIGN.md §7.4 panels of one run against step, the collapse band shaded, checkpoints marked."""
     fig, axes = plt.subplots(2, 3, figsize=(11, 5.6), sharex=True)
@@ -154,3 +112,98 @@ def loss_curve(curves: dict, title: str, path) -> str:
     ax.set_title(title)
     ax.legend(fontsize=8)
     return save(fig, path)
+
+
+# --- per condition (issue 32 item 7): a condition is one set of settings, its seeds drawn together ---
+
+def _colors(n: int) -> list:
+    cmap = plt.get_cmap("tab10" if n <= 10 else "tab20")
+    return [cmap(i % cmap.N) for i in range(n)]
+
+
+def teacher_student_by_condition(rows: list[dict], path) -> str:
+    """One row per condition × benchmark: the teacher gain of the condition's own pair (hollow square) and the
+    condition's pooled student gain (filled dot), each with its CI; rows whose pair's teacher gain was not measured
+    show the student alone. rows: {"label", "teacher": result | None, "student": result}."""
+    fig, ax = plt.subplots(figsize=(7.2, 0.5 * len(rows) + 1.4))
+    first_teacher = next((i for i, r in enumerate(rows) if r["teacher"] is not None), None)
+    for i, r in enumerate(rows):
+        if r["teacher"] is not None:
+            ax.errorbar(r["teacher"]["gain_pp"], i - 0.15, xerr=_errbar(r["teacher"]), fmt="s", mfc="white",
+                        color="tab:purple", capsize=3,
+                        label="teacher gain of its pair (π_post − π_pre)" if i == first_teacher else None)
+        s = r["student"]
+        color = "tab:green" if s["ci95_pp"][0] > 0 else "tab:red" if s["ci95_pp"][1] < 0 else "tab:gray"
+        ax.errorbar(s["gain_pp"], i + 0.15, xerr=_errbar(s), fmt="o", color=color, capsize=3,
+                    label="student gain, pooled over seeds" if i == 0 else None)
+    ax.axvline(0, color="k", lw=0.8)
+    ax.set_yticks(range(len(rows)), [r["label"] for r in rows], fontsize=8)
+    ax.set_ylim(-0.7, len(rows) - 0.3)
+    ax.invert_yaxis()
+    ax.set_xlabel("gain (pp), 95 % bootstrap CI")
+    ax.set_title("teacher gain vs student gain, per condition")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return save(fig, path)
+
+
+def gain_vs_step_by_condition(panels: list[dict], title: str, path) -> str:
+    """Small multiples, one panel per condition: student gain vs checkpoint step for each of its runs (seeds), each
+    run's collapse band shaded.
+    panels: {"condition", "series": {run: [(step, result)]}, "bands": {run: [a, b] | None}}."""
+    n = len(panels)
+    cols = min(3, n)
+    rows = (n + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False, sharey=True)
+    for ax, p in zip(axes.flat, panels):
+        for k, (run, pts) in enumerate(sorted(p["series"].items())):
+            pts = sorted(pts, key=lambda x: x[0])
+            ax.errorbar([s + 0.2 * k for s, _ in pts], [r["gain_pp"] for _, r in pts],
+                        yerr=[[r["gain_pp"] - r["ci95_pp"][0] for _, r in pts],
+                              [r["ci95_pp"][1] - r["gain_pp"] for _, r in pts]], fmt="o-", capsize=3, ms=4, label=run)
+            band = p["bands"].get(run)
+            if band:
+                ax.axvspan(band[0] - 0.5, band[1] + 0.5, **BAND)
+        ax.axhline(0, color="k", lw=0.8)
+        ax.set_title(p["condition"], fontsize=8)
+        ax.set_xlabel("step")
+        ax.legend(fontsize=6)
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("gain vs student init (pp)")
+    fig.suptitle(f"{title} — shaded: collapse band (clip ratio > 0.5 from the onset)")
+    fig.tight_layout()
+    return save(fig, path)
+
+
+def dynamics_by_condition(conditions: list[dict], path) -> str:
+    """Mean response length and length-clip ratio against step, one colour per condition: each run a thin line,
+    the condition's mean over its runs at each step a thick one; the clip-ratio onset threshold dashed.
+    conditions: {"condition", "runs": {run: {"length": [[step, v]], "clip": [[step, v]]}}}."""
+    fig, (ax_len, ax_clip) = plt.subplots(1, 2, figsize=(12, 4.2))
+    for color, c in zip(_colors(len(conditions)), conditions):
+        for key, ax in (("length", ax_len), ("clip", ax_clip)):
+            by_step = {}
+            for pts in c["runs"].values():
+                pts = [(s, v) for s, v in pts[key] if v is not None]
+                ax.plot([s for s, _ in pts], [v for _, v in pts], color=color, lw=0.6, alpha=0.45)
+                for s, v in pts:
+                    by_step.setdefault(s, []).append(v)
+            steps = sorted(by_step)
+            ax.plot(steps, [sum(by_step[s]) / len(by_step[s]) for s in steps], color=color, lw=1.8,
+                    label=f"{c['condition']} ({len(c['runs'])} run{'s' if len(c['runs']) > 1 else ''})")
+    ax_clip.axhline(0.5, color="tab:red", lw=0.7, ls="--", label="collapse onset threshold")
+    ax_len.set_title("mean response length")
+    ax_clip.set_title("length-clip ratio")
+    for ax in (ax_len, ax_clip):
+        ax.set_xlabel("step")
+    ax_clip.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    return save(fig, path)
+
+
+def all_one_extractor(splits: list[dict]) -> bool:
+    """True when every bar would be one 100 % segment of the same extractor: a chart that says nothing."""
+    full = {k for s in splits for k, v in s.items() if v is not None and abs(v - 100.0) < 1e-9}
+    return bool(splits) and len(full) == 1 and all(any(abs((v or 0) - 100.0) < 1e-9 for v in s.values())
+                                                   for s in splits)
