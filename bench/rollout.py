@@ -10,7 +10,9 @@ Every request has a prompt of P random ids and samples exactly N tokens (`--leng
 (the stop id is the vocabulary size, which no method can emit), so each method does B × N tokens of work.
 tokens/s = B × N / wall seconds of the whole call (prefill included), measured after one identical untimed call
 (vLLM's untimed call: the same requests, `--vllm-warmup-tokens` new tokens each); `--repeats K` times K calls in a
-row, one row each (`rep`), for the spread within one process.
+row, one row each (`rep`), for the spread within one process. `--share n` gives the B requests B / n distinct
+prompts, each asked n times in a row, as 03 asks for a prompt's rollouts (ours prefills each once and copies its K/V
+into its n slots; vLLM's prefix cache may share them too); its rows carry `share`.
 
 Methods: `ours` (the decoder's CUDA defaults: fused q|k|v and gate|up GEMMs, compiled layer blocks, Triton split-K
 attention over the live length, the fast draw's two-level search, the draw compiled whole), `ours_prev` (the
@@ -86,6 +88,8 @@ def parse(argv=None):
                    "default); without it the engine runs in this process, as lib/sample/vllm_engine.py runs it")
     p.add_argument("--bandwidth", type=float, default=4.3e12, help="bytes/s for the bound")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="torch device")
+    p.add_argument("--share", type=int, default=1, help="requests per distinct prompt (B / share distinct prompts, "
+                   "each asked share times in a row, as 03 asks for its rollouts)")
     p.add_argument("--repeats", type=int, default=1, help="timed calls per method and case (one row each), after "
                    "the one untimed call")
     p.add_argument("--check", action="store_true", help="run the on-device correctness checks first")
@@ -228,7 +232,8 @@ def row(shape, cfg, n_params, B, P, N, name, n_tok, seconds, concurrency=None, *
               "seconds": round(dt, 3), "tokens_per_s": round(n_tok / dt), "bound_tokens_per_s": round(bd),
               "pct_of_bound": round(100 * n_tok / dt / bd, 1),
               "device": torch.cuda.get_device_name() if cuda() else "cpu",
-              "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1) if cuda() else None, **extra})
+              "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1) if cuda() else None,
+              **({"share": args.share} if args.share > 1 else {}), **extra})
 
 
 def bound(cfg, n_params: int, B: int, P: int, N: int) -> float:
@@ -323,7 +328,8 @@ def main(argv=None):
         for P, N in lengths:
             for B in map(int, args.batches.split(",")):
                 g = torch.Generator().manual_seed(1)
-                cases.append((B, P, N, torch.randint(0, cfg.vocab_size, (B, P), generator=g).tolist()))
+                distinct = torch.randint(0, cfg.vocab_size, (-(-B // args.share), P), generator=g).tolist()
+                cases.append((B, P, N, [distinct[i // args.share] for i in range(B)]))
         run_local(shape, model, cases, [m for m in methods if not m.startswith("vllm")])
         if vllm_methods := [m for m in methods if m.startswith("vllm")]:
             path = Path(tempfile.mkdtemp(prefix=f"rollout-{shape}-"))
