@@ -12,9 +12,14 @@ Gates, in order (each writes gates/<gate>.json + a short gates/<gate>.md):
     anatomy        sample the student on an evenly spaced prompt subset (training rollout settings), score the sampled
                    tokens under π_pre, π_post and the student with lib/train/scoring.py (the training loop's code) and
                    report the shift anatomy; FAIL on an anti-EOS pair or a vanishing shift        (lib/gates/anatomy.py)
+    anatomy_cross  (only when named in --gates) the source's §17 table: every pair of --cross-pairs scored on ONE
+                   frozen set of the student's rollouts (gates/anatomy_cross_samples.jsonl, its sha256 recorded; a
+                   rerun that adds a pair reads it back instead of sampling again); a pair whose models are not there
+                   yet (the RAFT teacher before 07_raft) is listed as skipped                    (lib/gates/anatomy.py)
 
 Reads: the registry's models (resolved to folders) and benchmark files. Writes runs/<name>/gates/: <gate>.json,
-<gate>.md, anatomy_samples.jsonl, manifest.json (with the --allow'ed gates). Exit status 1 if a gate that was not
+<gate>.md, anatomy_samples.jsonl, anatomy_cross_samples.jsonl and anatomy_cross_logprobs.jsonl (anatomy_cross),
+manifest.json (with the --allow'ed gates). Exit status 1 if a gate that was not
 --allow'ed fails.
 
     CPU:   python 01_gates.py --run-dir runs/toy --pair toy --anatomy-prompts 16
@@ -33,12 +38,14 @@ pin_if_toy(sys.argv)  # the toy world's CPU math is pinned before torch is impor
 from lib import benchmarks, models, pairs, registry
 from lib.artifacts import (ArtifactError, atomic_write_json, atomic_write_text, read_json, read_manifest, verify_dir,
                            wall_clock, write_manifest)
+from lib.errors import UserError
 from lib.cli import (ArgumentParser, HelpFormatter, finite_float, fraction, nonnegative_float, nonnegative_int,
                      positive_float, positive_int)
 from lib.data import assistant_header, dapo_prompt, prompt_ids, refuse_special_text, render_chat
 from lib.gates import anatomy, chat_template, checks
 
-GATES = ("tokenizer", "prompt_length", "context", "template", "anatomy")
+GATES = ("tokenizer", "prompt_length", "context", "template", "anatomy", "anatomy_cross")
+DEFAULT_GATES = GATES[:-1]          # the cross-pair anatomy scores several pairs: run it when asked (--gates)
 
 
 def parse_args(argv=None):
@@ -48,7 +55,12 @@ def parse_args(argv=None):
     a("--student", default=None, help=f"student (default: the pair's): one of {sorted(registry.STUDENTS)}, "
                                       "a model alias, a hub id[@revision] or a folder")
     a("--run-dir", default=None, help="campaign directory (default runs/<pair>); reports go to <run-dir>/gates/")
-    a("--gates", nargs="+", default=list(GATES), choices=GATES, help="which gates to run (default: all)")
+    a("--gates", nargs="+", default=list(DEFAULT_GATES), choices=GATES,
+      help="which gates to run (default: all but anatomy_cross)")
+    a("--cross-pairs", nargs="+", default=None, metavar="PAIR",
+      help="pairs the anatomy_cross gate scores on one frozen set of student rollouts, drawn at this pair's caps "
+           "(default: this pair, then every registered pair whose student is the same model); one not registered or "
+           "whose models are absent is listed as skipped")
     a("--allow", nargs="+", default=[], choices=GATES, metavar="GATE",
       help="proceed even if these gates fail (recorded in the manifest); one of " + ", ".join(GATES))
     a("--train-data", default=None, help="training prompts: a registry benchmark or a jsonl/parquet path with id, "
@@ -203,6 +215,40 @@ def gate_anatomy(roles, train_rows, args, out_dir, pair_name: str) -> dict:
     return anatomy.run(roles, train_rows, cfg, out_dir, pair_name)
 
 
+# --- gate 6: the cross-pair anatomy (source §17) ---
+
+def cross_pair_models(args, lp, run_dir) -> tuple[dict, dict]:
+    """({pair: {"pi_pre": (alias, folder), "pi_post": (alias, folder)}} of the pairs to score, {pair: why skipped})."""
+    def student_model(p):    # pairs whose student is the same model (its caps may differ: the collapse arm's do)
+        return registry.STUDENTS[p.student].model if p.student in registry.STUDENTS else p.student
+
+    names = args.cross_pairs or [lp.name] + sorted(n for n, p in registry.PAIRS.items()
+                                                   if student_model(p) == lp.student.model and n != lp.name)
+    found, skipped = {}, {}
+    for name in dict.fromkeys(names):
+        try:
+            p = lp.pair if name == lp.name else pairs.load(name).pair
+            res = models.resolve_roles({"pi_pre": p.pi_pre, "pi_post": p.pi_post}, run_dir, f"pair {name}")
+        except (UserError, RuntimeError, FileNotFoundError, KeyError) as e:
+            skipped[name] = str(e).splitlines()[0] if str(e) else type(e).__name__
+            continue
+        found[name] = {role: (models.model_spec(getattr(p, role), run_dir).alias, res[role].path)
+                       for role in ("pi_pre", "pi_post")}
+    return found, skipped
+
+
+def gate_anatomy_cross(roles, train_rows, args, out_dir, lp, run_dir) -> dict:
+    cfg = anatomy.Settings(max_prompt_len=args.max_prompt_len, max_response_len=args.max_response_len,
+                           prompts=args.anatomy_prompts, samples=args.anatomy_samples, temperature=args.temperature,
+                           top_p=args.top_p, tie_tol=args.tie_tol, auroc_bins=args.auroc_bins,
+                           bootstrap=args.bootstrap, backend=args.backend, scoring=args.scoring,
+                           micro_batch=args.micro_batch, seed=args.seed)
+    found, skipped = cross_pair_models(args, lp, run_dir)
+    prev_path = out_dir / "anatomy_cross.json"
+    previous = read_json(prev_path) if prev_path.exists() else None
+    return anatomy.cross_pair(roles["student"], found, skipped, train_rows, cfg, out_dir, previous)
+
+
 # --- reports ---
 
 def write_gate(out_dir: Path, name: str, rep: dict, allowed: bool) -> list[str]:
@@ -247,7 +293,7 @@ def carry_over(out_dir: Path, args, status: dict, outputs: list, pair_sha256: st
     same = same and prev.get("pair_sha256") == pair_sha256
     carried = []
     for name, st in (prev.get("gates", {}) if same else {}).items():
-        files = [f for f in prev["outputs"] if f.split(".")[0] in (name, f"{name}_samples")]
+        files = [f for f in prev["outputs"] if f.split(".")[0] in (name, f"{name}_samples", f"{name}_logprobs")]
         if name in status or not files:
             continue
         try:
@@ -284,7 +330,8 @@ def main(argv=None):
     run = {"tokenizer": lambda: gate_tokenizer(roles, train_rows, args),
            "prompt_length": lambda: gate_prompt_length(roles, train_rows, train_src, args),
            "context": lambda: gate_context(roles, pair, args), "template": lambda: gate_template(roles, train_rows),
-           "anatomy": lambda: gate_anatomy(roles, train_rows, args, out_dir, lp.name)}
+           "anatomy": lambda: gate_anatomy(roles, train_rows, args, out_dir, lp.name),
+           "anatomy_cross": lambda: gate_anatomy_cross(roles, train_rows, args, out_dir, lp, run_dir)}
     status, outputs, failed = {}, [], []
     for name in [g for g in GATES if g in args.gates]:
         t0 = time.monotonic()
@@ -305,6 +352,8 @@ def main(argv=None):
             failed.append(name)
     if "anatomy" in status:
         outputs.append("anatomy_samples.jsonl")
+    if "anatomy_cross" in status:
+        outputs += [anatomy.CROSS_ROLLOUTS, anatomy.CROSS_LOGPROBS]
     carried, allowed = carry_over(out_dir, args, status, outputs, lp.sha256), [g for g in args.allow if g in status]
     for name in carried:
         rep = read_json(out_dir / f"{name}.json")

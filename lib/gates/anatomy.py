@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from lib import models
-from lib.artifacts import atomic_write_jsonl
+from lib.artifacts import atomic_write_jsonl, read_jsonl, sha256_file
 from lib.data import evenly_spaced, prompt_ids, stable_seed
 from lib.gates import checks
 from lib.gates.auroc import auroc_report
@@ -309,4 +309,146 @@ def anatomy_table(rep: dict) -> str:
         f"| AUROC raw (no length control) | {_f(a.get('raw'), '.3f')} |",
         f"| sampler vs scorer log-prob gap | {_f(rep['sampler_logprob_gap'], '.2e')} |",
     ]
+    return "\n".join(lines)
+
+
+# --- the cross-pair anatomy (source §17): every pair scored on ONE frozen set of the student's rollouts ---
+#
+# The source scored the same 2,960 frozen student rollouts under five pairs, changing nothing but which pair is
+# subtracted; that is what makes its columns comparable. Here the student samples the anatomy's prompt subset once;
+# the rollouts (prompt ids, sampled ids, text, grade) are written to CROSS_ROLLOUTS and its sha256 recorded. A later
+# run (a pair added, the RAFT teacher built since) reads that file back instead of sampling again, as long as the
+# student and the sampling settings are the ones it was drawn with. Every distinct model of the pairs then scores the
+# sampled ids once, with the training loop's scorer (lib/train/scoring.py), on the sampled token only (no top-K: the
+# table's measures are all of the sampled token); the per-token log-probs go to CROSS_LOGPROBS, so every number of
+# the table can be recomputed from the two files. Per pair, Δ_t = log π_post(y_t) − log π_pre(y_t), summarised as
+# the gate above summarises it (`summarise`), the stop-token log-probs taken of the pair's own π_pre and π_post.
+
+CROSS_ROLLOUTS = "anatomy_cross_samples.jsonl"
+CROSS_LOGPROBS = "anatomy_cross_logprobs.jsonl"
+CROSS_MEASURES = ("n_sequences", "n_tokens", "token_mean_delta", "pos_frac", "pos_frac_decided", "tie_tol",
+                  "abs_mean_delta", "interior_mean_delta", "stop", "logp_stop_at_answer_end", "accuracy", "stop_rate",
+                  "mean_tokens", "auroc")
+
+
+def rollout_settings(cfg: Settings, student_alias: str) -> dict:
+    """What decides the frozen rollouts: a stored file is reused only under exactly these."""
+    return {"student": student_alias, "prompts": cfg.prompts, "samples": cfg.samples, "temperature": cfg.temperature,
+            "top_p": cfg.top_p, "max_prompt_len": cfg.max_prompt_len, "max_new_tokens": cfg.max_response_len,
+            "seed": cfg.seed}
+
+
+def draw_rollouts(m: dict, train_rows: list[dict], cfg: Settings, device) -> list[dict]:
+    """The student's rollouts on the evenly spaced prompt subset (prompts over the cap left out), graded."""
+    from lib.eval import grading
+    subset = evenly_spaced(train_rows, cfg.prompts)
+    ids_P = {r["id"]: prompt_ids(m["tok"], r["problem"], **m["kw"]) for r in subset}
+    reqs = [(r, j) for r in subset if len(ids_P[r["id"]]) <= cfg.max_prompt_len for j in range(cfg.samples)]
+    seeds = [stable_seed(cfg.seed, "anatomy", r["id"], j) for r, j in reqs]
+    outs = sample_student(m, [ids_P[r["id"]] for r, _ in reqs], seeds, cfg, device)
+    graded = [i for i, (r, _) in enumerate(reqs) if r.get("answer") is not None]
+    grades = dict(zip(graded, grading.grade_many([(outs[i].text, reqs[i][0]["answer"]) for i in graded],
+                                                 progress="anatomy (cross-pair): grading")))
+    rows = []
+    for i, ((r, j), o) in enumerate(zip(reqs, outs)):
+        extractor = grading.extract_answer(o.text)[1]
+        rows.append({"index": i, "problem_id": r["id"], "sample": j, "seed": seeds[i], "level": r.get("level"),
+                     "prompt_ids": ids_P[r["id"]], "token_ids": list(o.token_ids), "finish_reason": o.finish_reason,
+                     "extractor": extractor, "correct": bool(grades[i].correct) if i in grades else None,
+                     "completion": o.text})
+    return rows
+
+
+@torch.no_grad()
+def score_sampled(path, rollouts: list[dict], pad_id: int, cfg: Settings, device) -> list[list[float]]:
+    """log π(y_t) of every sampled token of every rollout under the model at `path`, one list per rollout."""
+    from lib.train.scoring import TokenScorer, pack, score_ids
+    scorer = TokenScorer(load_lm(path, device), fused_linear=cfg.scoring == "fused-linear")
+    out = []
+    for c in range(0, len(rollouts), cfg.micro_batch):
+        chunk = rollouts[c:c + cfg.micro_batch]
+        batch = pack([r["prompt_ids"] for r in chunk], [r["token_ids"] for r in chunk], pad_id).to(device)
+        lp_N = score_ids(scorer, batch, batch.targets_N[:, None])[:, 0].float().cpu()
+        start = 0
+        for r in chunk:
+            out.append(lp_N[start:start + len(r["token_ids"])].tolist())
+            start += len(r["token_ids"])
+    del scorer
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
+def pair_sequences(rollouts: list[dict], lp: dict, pre: str, post: str, student: str) -> list[dict]:
+    """`summarise`'s per-sequence input for one pair, from the per-model log-probs of the frozen rollouts."""
+    seqs = []
+    for r in rollouts:
+        i = r["index"]
+        delta = np.asarray(lp[post][i]) - np.asarray(lp[pre][i])
+        stopped = r["finish_reason"] == "stop"
+        seqs.append(dict(delta=delta, weighted=delta, stopped=stopped, answer_end=stopped and r["extractor"] != "none",
+                         lp_stop={"student": lp[student][i][-1], "pi_pre": lp[pre][i][-1],
+                                  "pi_post": lp[post][i][-1]} if stopped else None,
+                         correct=r["correct"], n_tokens=len(r["token_ids"])))
+    return seqs
+
+
+def cross_pair(student: dict, pair_models: dict, skipped: dict, train_rows: list[dict], cfg: Settings, out_dir,
+               previous: dict | None) -> dict:
+    """Score every pair of `pair_models` ({pair: {"pi_pre": (alias, path), "pi_post": (alias, path)}}) on one frozen
+    set of the student's rollouts. `student`: load_roles()'s student role; `skipped`: {pair: why} (listed, not
+    scored); `previous`: the last anatomy_cross.json of this directory (its rollouts are reused when they match)."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    settings = rollout_settings(cfg, student["alias"])
+    path = out_dir / CROSS_ROLLOUTS
+    prev = (previous or {}).get("rollouts") or {}
+    reused = (path.exists() and prev.get("settings") == settings and prev.get("sha256") == sha256_file(path))
+    if reused:
+        rollouts = read_jsonl(path)
+    else:
+        rollouts = draw_rollouts(student, train_rows, cfg, device)
+        atomic_write_jsonl(path, rollouts)
+    tok = student["tok"]
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    models_to_score = {student["alias"]: student["resolved"].path}
+    for roles in pair_models.values():
+        models_to_score.update({alias: p for alias, p in roles.values()})
+    lp = {alias: score_sampled(p, rollouts, pad_id, cfg, device) for alias, p in models_to_score.items()}
+    atomic_write_jsonl(out_dir / CROSS_LOGPROBS, [{"index": r["index"], "logprobs": {a: lp[a][r["index"]] for a in lp}}
+                                                  for r in rollouts])
+    rows = []
+    for name, roles in pair_models.items():
+        pre, post = roles["pi_pre"][0], roles["pi_post"][0]
+        s = summarise(pair_sequences(rollouts, lp, pre, post, student["alias"]), cfg.auroc_bins, cfg.bootstrap,
+                      cfg.tie_tol)
+        rows.append({"pair": name, "status": "scored", "pi_pre": pre, "pi_post": post,
+                     **{k: s[k] for k in CROSS_MEASURES}})
+    rows += [{"pair": name, "status": "skipped", "reason": why} for name, why in skipped.items()]
+    warnings = [f"pair {name} not scored: {why}" for name, why in skipped.items()]
+    reasons = [] if pair_models else ["no pair could be scored: " + "; ".join(warnings)]
+    rep = checks.verdict(reasons, warnings, student=student["alias"], pairs=rows,
+                         rollouts={"file": CROSS_ROLLOUTS, "sha256": sha256_file(path), "n_sequences": len(rollouts),
+                                   "settings": settings, "reused": reused},
+                         logprobs_file=CROSS_LOGPROBS)
+    rep["summary"] = (f"{len(pair_models)} pair(s) on one frozen set of {len(rollouts)} student rollouts "
+                      f"({'reused' if reused else 'drawn now'}, sha256 {rep['rollouts']['sha256'][:12]}…)"
+                      + (f"; skipped: {', '.join(skipped)}" if skipped else ""))
+    rep["table"] = cross_table(rep)
+    return rep
+
+
+def cross_table(rep: dict) -> str:
+    """The source §17 table: one row per pair."""
+    lines = ["| pair | π_pre → π_post | mean Δ | % Δ > 0 | % Δ > 0 (\\|Δ\\| ≥ tie) | mean abs Δ | Δ at stop | "
+             "log p(stop) π_pre | log p(stop) π_post | AUROC (length-controlled) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rep["pairs"]:
+        if r["status"] != "scored":
+            lines.append(f"| {r['pair']} | skipped: {r['reason']} |" + " — |" * 8)
+            continue
+        lp = r["logp_stop_at_answer_end"]
+        lines.append(f"| {r['pair']} | {r['pi_pre']} → {r['pi_post']} | {_f(r['token_mean_delta'])} | "
+                     f"{_f(r['pos_frac'], '.1f', 100)} | {_f(r['pos_frac_decided'], '.1f', 100)} | "
+                     f"{_f(r['abs_mean_delta'], '.4f')} | {_f(r['stop']['mean_delta'])} | {_f(lp['pi_pre'])} | "
+                     f"{_f(lp['pi_post'])} | {_f(r['auroc'].get('length_controlled'), '.3f')} |")
     return "\n".join(lines)
