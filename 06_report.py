@@ -608,8 +608,8 @@ else:
 # --- 5.5 rollout excerpts ---
 L += ["### 5.5 Rollout excerpts", "",
       "Up to three samples of each evaluated checkpoint (and of the student's init), one of each kind in this order: "
-      "truncated with an answer, truncated without, stopped and correct, stopped and wrong — the first of each kind "
-      "by problem id and seed (lib/report/rollouts.py). A long completion shows its head and tail with the characters "
+      "truncated with an answer, truncated without, stopped and correct, stopped and wrong — the longest of each kind, "
+      "the first by problem id and seed among equals (lib/report/rollouts.py). A long completion shows its head and tail with the characters "
       "left out counted, so a loop at the end stays visible; ⏎ marks a line break; repeats = how often the most "
       "frequent line occurs.", ""]
 

@@ -104,7 +104,7 @@ KIND_TESTS = [("truncated, answer extracted", lambda r: r["truncated"] and r["ex
 
 def check_excerpts(run_dir: Path) -> None:
     """One excerpt set per evaluated checkpoint and per student init, from the unit of the first (benchmark,
-    protocol) of the pair's eval order; in it the first sample of each kind, at most three; the text the completion
+    protocol) of the pair's eval order; in it the longest sample of each kind (the first such), at most three; the text the completion
     itself or its head and tail around a marker that counts what was left out."""
     X = read_json(run_dir / "stats" / "rollouts.json")["excerpts"]
     order = {("toy", "sample4"): 0, ("toy", "greedy"): 1}
@@ -123,7 +123,12 @@ def check_excerpts(run_dir: Path) -> None:
     assert sorted(x["unit"] for x in X) == sorted(u for _, u in best.values())
     for x in X:
         rows = sorted(samples(run_dir, x["unit"]), key=lambda r: (r["problem_id"], r["seed"]))
-        want = [(kind, next(r for r in rows if test(r))) for kind, test in KIND_TESTS if any(test(r) for r in rows)][:3]
+        want = []
+        for kind, test in KIND_TESTS:
+            longest = max((r["n_tokens"] for r in rows if test(r)), default=None)
+            if longest is not None:
+                want.append((kind, next(r for r in rows if test(r) and r["n_tokens"] == longest)))
+        want = want[:3]
         assert [(e["kind"], e["problem_id"], e["seed"]) for e in x["excerpts"]] == \
             [(k, r["problem_id"], r["seed"]) for k, r in want]
         for e, (_, r) in zip(x["excerpts"], want):
@@ -237,9 +242,12 @@ MUTANTS = {   # name: (script, old, new); the check named must fail on the mutat
     "a condition pooled on its first seed only": (
         "05_stats.py", '**pool_truncated([trunc_by_unit[g["unit_b"]] for g in e["per_seed"]])}',
         '**pool_truncated([trunc_by_unit[g["unit_b"]] for g in e["per_seed"][:1]])}'),
-    "excerpts from the last sample of a kind": (
-        "lib/report/rollouts.py", "r = next((r for r in ordered if test(r)), None)",
-        "r = next((r for r in reversed(ordered) if test(r)), None)"),
+    "excerpts from the last of the longest of a kind": (
+        "lib/report/rollouts.py", "r = max(of_kind, key=lambda r: r[\"n_tokens\"])",
+        "r = max(reversed(of_kind), key=lambda r: r[\"n_tokens\"])"),
+    "excerpts from the shortest of a kind": (
+        "lib/report/rollouts.py", "r = max(of_kind, key=lambda r: r[\"n_tokens\"])",
+        "r = min(of_kind, key=lambda r: r[\"n_tokens\"])"),
     "excerpt tail cut off": ("lib/report/rollouts.py", "{text[-tail:]}", "{text[-tail:-20]}"),
     "student vs π_pre instead of π_post": ("05_stats.py", "post = matching_unit(aliases[1], ckpt)",
                                            "post = matching_unit(aliases[0], ckpt)"),

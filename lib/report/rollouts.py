@@ -7,8 +7,8 @@ answer (a destroyed policy). So per unit: of the truncated samples, how many sti
 those are correct; and per condition the same counts summed over its seeds' latest evaluated checkpoints.
 
 Excerpts: per evaluated checkpoint (and the student's init, for contrast), up to MAX_EXCERPTS samples of one unit,
-chosen by a fixed rule so a rebuild picks the same ones: the first sample (in problem id, seed order) of each kind in
-KINDS that the unit has. A long completion is cut to its head and tail with the number of characters left out named,
+chosen by a fixed rule so a rebuild picks the same ones: of each kind in KINDS that the unit has, the longest sample
+(most tokens: the hardest problem solved, the longest loop), the first in (problem id, seed) order among equals. A long completion is cut to its head and tail with the number of characters left out named,
 so the loop at its end stays visible; `max_line_repeats` counts the most repeated line (a loop's signature).
 """
 from __future__ import annotations
@@ -57,13 +57,15 @@ def cut(text: str, head: int = HEAD_CHARS, tail: int = TAIL_CHARS) -> tuple[str,
 
 
 def excerpts(rows: list[dict], k: int = MAX_EXCERPTS) -> list[dict]:
-    """Up to k samples of one unit, one per kind of KINDS in that order (first in (problem id, seed) order)."""
+    """Up to k samples of one unit, one per kind of KINDS in that order: the longest of its kind, the first in
+    (problem id, seed) order among equally long ones."""
     ordered = sorted(rows, key=lambda r: (str(r["problem_id"]), int(r["seed"])))
     out = []
     for kind, test in KINDS:
-        r = next((r for r in ordered if test(r)), None)
-        if r is None:
+        of_kind = [r for r in ordered if test(r)]
+        if not of_kind:
             continue
+        r = max(of_kind, key=lambda r: r["n_tokens"])          # max keeps the first of equal keys
         text, left_out = cut(r["completion"])
         out.append({"kind": kind, "problem_id": r["problem_id"], "seed": int(r["seed"]), "n_tokens": r["n_tokens"],
                     "truncated": bool(r["truncated"]), "extractor": r["extractor"], "extracted": r.get("extracted"),
