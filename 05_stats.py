@@ -492,8 +492,12 @@ for row in cross:
           f"{stats.format_gain(d) + ' → ' + d['verdict'] if d else 'no evaluated checkpoint'}; onsets "
           f"{row['onset_steps']}, runaway {row['runaway_steps']}, peak clip {row['peak_clip_ratio']}")
 
-# --- hypotheses of the pair (lib/registry.py HYPOTHESES), clause by clause (lib/report/hypotheses.py) ---
-hypotheses = [evaluate(h, conditions, training, cross, gate) for h in HYPOTHESES if h.pair == pair_name]
+# --- hypotheses (lib/registry.py HYPOTHESES), clause by clause (lib/report/hypotheses.py): those of the campaign's
+# pair and of every pair a condition here was trained on (a collapse arm's); the teacher-gain gate is this pair's only
+trained_pairs = {pair_name} | {p for p in condition_pair.values() if p}
+other_gate = {"pending": True, "pass": False, "reason": f"the teacher-gain gate is measured for pair {pair_name} only"}
+hypotheses = [evaluate(h, conditions, training, cross, gate if h.pair == pair_name else other_gate)
+              for h in HYPOTHESES if h.pair in trained_pairs]
 for h in hypotheses:
     why = [c for c in h["clauses"] if c["result"] != "holds"]
     print(f"  hypothesis {h['name']}: {h['verdict']}" + "".join(f"\n    clause {c['clause']} ({c['text']}): "

@@ -221,7 +221,8 @@ for r in runs:
                 f"; {REWARD_SHORT.get(r['reward'], 'reward')} mean negative on {r['weighted_reward']['n_negative']} "
                 f"of {r['weighted_reward']['n']} steps.")
 if COND["hypotheses"]:
-    tldr.append("Hypotheses of pair `" + COND["pair"] + "` (§3.3): " + "; ".join(
+    tldr.append("Hypotheses of pair " + ", ".join(f"`{p}`" for p in dict.fromkeys(h["pair"] for h in COND["hypotheses"]))
+                + " (§3.3): " + "; ".join(
         f"`{h['name']}` **{h['verdict']}**" + (f" (clause {', '.join(map(str, h['failing']))} fails)" if h["failing"]
                                                else f" (clause {', '.join(map(str, h['missing']))} undecided)"
                                                if h["missing"] else "") for h in COND["hypotheses"]) + ".")

@@ -322,3 +322,37 @@ def test_a_chart_of_only_full_bars_is_left_out(tmp_path):
     assert not (run_dir / "report" / "figures" / "answer_format.png").exists()
     assert "answers through one extractor on all its samples: no chart is drawn" in \
         (run_dir / "report" / "README.md").read_text()
+
+
+# --- a condition trained on another pair (a collapse arm, the RAFT student) is read against that pair ---
+
+def test_a_condition_of_another_pair_is_read_against_its_own_pi_post(tmp_path):
+    from test_report import P_CORRECT, model_block, write_train, write_unit
+    run_dir = tmp_path / "toy"
+    for k, alias in enumerate(("toy-pre", "toy-post", "toy-student")):
+        write_unit(run_dir, alias, "sample4", P_CORRECT[alias], 96, 30, k)
+    write_unit(run_dir, "toy-post-offsupport", "sample4", (0.6, 0.5, 0.4, 0.1), 96, 30, 9)
+    for k, (name, pair) in enumerate((("main", "toy"), ("off", "toy-offsupport"))):
+        write_train(run_dir, name, {"pair": pair, "reward": "delta-topk", "steps": 40, "seed": 42, "lr": 2e-4}, 40, 25,
+                    (40,))
+        write_unit(run_dir, f"{name}-step40", "sample4", (0.9, 0.8, 0.3, 0.05), 96, 30, 20 + k,
+                   model=model_block(f"{name}-step40", name, 40, "toy-student"))
+    run_stage("05_stats.py", run_dir, "--pair", "toy")
+    SG = read_json(run_dir / "stats" / "student_gains.json")
+    T = read_json(run_dir / "stats" / "teacher_gains.json")
+    vp = {v["run"]: v for v in SG["vs_post"]}
+    assert (vp["main"]["unit_a"], vp["main"]["pair"]) == ("evals/toy-post/toy/sample4", "toy")
+    assert (vp["off"]["unit_a"], vp["off"]["pair"]) == ("evals/toy-post-offsupport/toy/sample4", "toy-offsupport")
+    ev = run_dir / "evals"
+    for v in vp.values():
+        a, b = per_problem(run_dir / v["unit_a"]), per_problem(run_dir / v["unit_b"])
+        assert v["gain_pp"] == pytest.approx(boot_summary([b[q] - a[q] for q in sorted(a)])[0], abs=1e-9)
+    assert sorted(T["by_pair"]) == ["toy", "toy-offsupport"]
+    [t] = T["by_pair"]["toy-offsupport"]
+    a, b = per_problem(ev / "toy-pre/toy/sample4"), per_problem(ev / "toy-post-offsupport/toy/sample4")
+    gain, ci95, _ = boot_summary([b[q] - a[q] for q in sorted(a)])
+    assert t["gain_pp"] == pytest.approx(gain, abs=1e-9) and t["ci95_pp"] == pytest.approx(ci95, abs=1e-9)
+    C = read_json(run_dir / "stats" / "conditions.json")
+    assert {c["settings"]["pair"] for c in C["conditions"]} == {"toy", "toy-offsupport"}
+    run_stage("06_report.py", run_dir)
+    assert "Hypotheses of pair `toy`" in (run_dir / "report" / "README.md").read_text()
