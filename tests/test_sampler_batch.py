@@ -220,6 +220,15 @@ def test_03_sampler_flags_and_reserve(monkeypatch):
     """--sampler-slots fixes the slots (no reserve: no budget); on CPU no reserve; with --sampler-sleep only the
     sampler's own workspace; else the trainer's pending gradients and moments, its gathered bf16 copy and the
     activation share (moments left out when offloaded, and once they exist)."""
+    import importlib.util
+    from lib.artifacts import REPO
+    spec = importlib.util.spec_from_file_location("opd_train_03_flags", REPO / "03_opd_train.py")
+    m03 = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m03)
+    a = m03.parse_args(["--pair=toy"])
+    assert a.sampler_slots is None and a.sampler_kv_margin is None
+    b = m03.parse_args(["--pair=toy", "--sampler-slots", "96", "--sampler-kv-margin", "2.5"])
+    assert (b.sampler_slots, b.sampler_kv_margin) == (96, 2.5)
     from lib.train import step_phases as sp
     student = torch.nn.Linear(10, 10, bias=False)                       # 100 fp32 parameters: 400 bytes
     optim = torch.optim.AdamW(student.parameters())
