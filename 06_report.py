@@ -221,7 +221,8 @@ for r in runs:
                 f"; {REWARD_SHORT.get(r['reward'], 'reward')} mean negative on {r['weighted_reward']['n_negative']} "
                 f"of {r['weighted_reward']['n']} steps.")
 if COND["hypotheses"]:
-    tldr.append("Hypotheses of pair " + ", ".join(f"`{p}`" for p in dict.fromkeys(h["pair"] for h in COND["hypotheses"]))
+    hyp_pairs = dict.fromkeys(h["pair"] for h in COND["hypotheses"])
+    tldr.append("Hypotheses of pair " + ", ".join(f"`{p}`" for p in hyp_pairs)
                 + " (§3.3): " + "; ".join(
         f"`{h['name']}` **{h['verdict']}**" + (f" (clause {', '.join(map(str, h['failing']))} fails)" if h["failing"]
                                                else f" (clause {', '.join(map(str, h['missing']))} undecided)"
@@ -492,8 +493,8 @@ table(["run", "step", "benchmark", "protocol", "paired gain", "paired CI", "pair
 
 # --- 3.2.1 the student against its own pair's π_post, paired ---
 L += ["### 3.2.1 Student against π_post, paired", "",
-      "Every evaluated checkpoint against the π_post of its condition's pair (same problems, common seeds): how far the "
-      "student got towards its teacher, or past it. A negative gain is the distance still to go.", ""]
+      "Every evaluated checkpoint against the π_post of its condition's pair (same problems, common seeds): how far "
+      "the student got towards its teacher, or past it. A negative gain is the distance still to go.", ""]
 table(["condition", "run", "step", "benchmark", "protocol", "pair", "π_post acc", "ckpt acc", "gain (pp)", "95 % CI",
        "p", "verdict", "seeds"],
       [[f"`{v['condition']}`", v["run"], v["step"], v["benchmark"], v["protocol"], v["pair"], pct(v["acc_a"], 2),
@@ -582,7 +583,8 @@ table(["unit", "role", "condition", "step", "samples", "trunc %", "truncated sam
         t["n_extracted_correct"], pct(t["correct_of_extracted_pct"]),
         pct(diag_by_unit[t["unit"]]["truncated_accuracy_pct"], 2)] for t in TX["units"]],
       "`stats/rollouts.json` (truncated_extraction.units), `stats/diagnostics.json`")
-L += ["Per condition, summed over its seeds' latest evaluated checkpoints (the units its verdict in §3.1 rests on):", ""]
+L += ["Per condition, summed over its seeds' latest evaluated checkpoints (the units its verdict in §3.1 rests "
+      "on):", ""]
 table(["condition", "benchmark", "protocol", "seeds", "samples", "trunc %", "truncated samples", "extracted",
        "extracted %", "correct", "correct of extracted %"],
       [[f"`{c['condition']}`", c["benchmark"], c["protocol"], ", ".join(map(str, c["training_seeds"])), c["n_samples"],
@@ -610,9 +612,9 @@ else:
 L += ["### 5.5 Rollout excerpts", "",
       "Up to three samples of each evaluated checkpoint (and of the student's init), one of each kind in this order: "
       "truncated with an answer, truncated without, stopped and correct, stopped and wrong — the longest of each kind, "
-      "the first by problem id and seed among equals (lib/report/rollouts.py). A long completion shows its head and tail with the characters "
-      "left out counted, so a loop at the end stays visible; ⏎ marks a line break; repeats = how often the most "
-      "frequent line occurs.", ""]
+      "the first by problem id and seed among equals (lib/report/rollouts.py). A long completion shows its head and "
+      "tail with the characters left out counted, so a loop at the end stays visible; ⏎ marks a line break; "
+      "repeats = how often the most frequent line occurs.", ""]
 
 
 def excerpt_text(text: str) -> str:

@@ -8,8 +8,9 @@ those are correct; and per condition the same counts summed over its seeds' late
 
 Excerpts: per evaluated checkpoint (and the student's init, for contrast), up to MAX_EXCERPTS samples of one unit,
 chosen by a fixed rule so a rebuild picks the same ones: of each kind in KINDS that the unit has, the longest sample
-(most tokens: the hardest problem solved, the longest loop), the first in (problem id, seed) order among equals. A long completion is cut to its head and tail with the number of characters left out named,
-so the loop at its end stays visible; `max_line_repeats` counts the most repeated line (a loop's signature).
+(most tokens: the hardest problem solved, the longest loop), the first in (problem id, seed) order among equals. A
+long completion is cut to its head and tail with the number of characters left out named, so the loop at its end
+stays visible; `max_line_repeats` counts the most repeated line (a loop's signature).
 """
 from __future__ import annotations
 
