@@ -1,4 +1,4 @@
-r"""The toy world (DESIGN.md §10): four tiny Qwen2 models trained on the arithmetic task of lib/toy/task.py, built on
+r"""The toy world (DESIGN.md §10): five tiny Qwen2 models trained on the arithmetic task of lib/toy/task.py, built on
 2 CPU cores in minutes, cached under `<cache>/toy/<world_hash>/`.
 Models: tiny `Qwen2ForCausalLM`, fp32, tied embeddings, head_dim 64 (a head size vLLM's CPU attention supports).
     pre              2 layers × 128, from scratch on levels 1-2: ~100 % there, ~20 % on unseen level 3
@@ -9,6 +9,10 @@ Models: tiny `Qwen2ForCausalLM`, fp32, tied embeddings, head_dim 64 (a head size
                      style tokens and its gain never cleared 0). Its accuracy by level: world.json.
     post-offsupport  pre fine-tuned on levels 1-3 with responses that never stop (the answer line repeats to the cap,
                      `<|im_end|>` never a target): the termination sink as a teacher, the gates' negative control.
+    post-nostop      pre fine-tuned briefly on its own levels (1-2) with the stop token replaced by the answer line
+                     repeated to the cap: a π_post that has unlearned the stop token the way a corpus-SFT teacher has,
+                     otherwise pre, on the student's support. The collapse arm's π_post (pair toy-collapse; DESIGN.md
+                     §10). Trained last, after the four above, so that adding it left their bytes as they were.
 
 Build (build_world): byte-identical on machines of one CPU model, not across vendors; world.json records each
 model's sha256 (checked against lib/toy/world.sha256's block for the CPU model), accuracies, the pin and the CPU.
@@ -43,6 +47,11 @@ TEST_PER_LEVEL = {1: 50, 2: 150, 3: 150, 4: 150}
 TRAIN_PROMPTS = {1: 40, 2: 600, 3: 800}             # toy_train.jsonl, disjoint from toy_test (level 2 has 810)
 DIMS = dict(hidden_size=128, intermediate_size=512, num_attention_heads=2, num_key_value_heads=2)  # head_dim 64
 ARCH = {"teacher": dict(DIMS, num_hidden_layers=2), "student": dict(DIMS, num_hidden_layers=3)}
+# post-nostop, the collapse arm's π_post (DESIGN.md §10): a short SFT of π_pre on its own levels (1-2, which it solves
+# ≈ 100 %: its own correct samples) with the stop token replaced by the answer line repeated to the cap. From π_pre,
+# not π_post: a π_post carrying level 3 rewards the student's level-3 tokens by more than the stop token costs (a
+# prototype from π_post: step-1 weighted reward +0.63 a token), and the arm's premise is a negative step-1 reward.
+NOSTOP_EXAMPLES, NOSTOP_LR = 2_000, 1e-3
 # name: (initial weights, architecture, levels trained on, completion style, examples, peak lr). π_post gets 12,800:
 # with 6,400 one build copied the wrong operand on level 2 (27 % greedy); with 12,800, 100/100/100 % on levels 1-3.
 RECIPES = {
@@ -50,9 +59,11 @@ RECIPES = {
     "post": ("pre", "teacher", (1, 2, 3), "answer_line", 12_800, 1e-3),
     "student": (None, "student", (1, 2, 3), "answer_line", 12_800, 2e-3),
     "post-offsupport": ("pre", "teacher", (1, 2, 3), "loop", 4_000, 1e-3),
+    # Added after the four above (its own problems, RNG "1234/post-nostop"), last in its chain, so their bytes stay.
+    "post-nostop": ("pre", "teacher", (1, 2), "loop", NOSTOP_EXAMPLES, NOSTOP_LR),
 }
 MODEL_NAMES = tuple(RECIPES)
-CHAINS = {"teachers": ("pre", "post", "post-offsupport"), "student": ("student",)}   # one worker process each
+CHAINS = {"teachers": ("pre", "post", "post-offsupport", "post-nostop"), "student": ("student",)}   # one process each
 # The student's level-3 share: at 0.3 one Intel Xeon build solved 94 % of level 3 greedily, an AMD EPYC one 18 %
 # sampled. At 0.1 three float paths on the Xeon (ATen AVX2 / AVX-512 / baseline) gave 27 / 25 / 19 % greedy.
 LEVEL_WEIGHTS = {"student": {1: 1.0, 2: 1.0, 3: 0.1}}
@@ -272,7 +283,7 @@ def build(force: bool = False) -> Path:
 
 
 def model_dir(name: str) -> Path:
-    """The Hugging Face folder of toy model `name` (pre, post, student, post-offsupport); builds the world if needed."""
+    """The Hugging Face folder of toy model `name` (a key of RECIPES); builds the world if needed."""
     if name not in RECIPES:
         raise KeyError(f"unknown toy model {name!r}; the toy world has {list(RECIPES)}")
     return build() / "models" / name
@@ -286,10 +297,10 @@ def world() -> dict:
 def build_chain(chain: str, out: Path, scale: float) -> None:
     """A build worker (pinned CPU math, one thread): train CHAINS[chain] in order, into out/<chain>.json."""
     from transformers import AutoTokenizer
-    tok, models, pre = AutoTokenizer.from_pretrained(out / "tokenizer"), {}, None
-    for name in CHAINS[chain]:
-        model, models[name] = train_model(name, tok, out, scale, init_model=pre)
-        pre = model if name == "pre" else pre
+    tok, models, trained = AutoTokenizer.from_pretrained(out / "tokenizer"), {}, {}
+    for name in CHAINS[chain]:                          # each from its recipe's initial weights, trained before it
+        init = RECIPES[name][0]
+        trained[name], models[name] = train_model(name, tok, out, scale, init_model=trained.get(init))
     atomic_write_json(out / f"{chain}.json", {"models": models, "cpu_repro": cpu_repro.record()})
 
 
