@@ -56,6 +56,7 @@ MODELS = {m.alias: m for m in [
     Model("toy-post", toy="post", eval_max_new_tokens=96),
     Model("toy-post-offsupport", toy="post-offsupport", eval_max_new_tokens=96),
     Model("toy-student", toy="student", eval_max_new_tokens=96),
+    Model("toy-post-nostop", toy="post-nostop", eval_max_new_tokens=96),      # the collapse arm's π_post
     # real shapes with random weights: the GPU speed runs (no checkpoint can reach the GPU machine)
     Model("shape-1.5b-pre", shape=("qwen2.5-1.5b", 1)),
     Model("shape-1.5b-post", shape=("qwen2.5-1.5b", 2)),
@@ -81,6 +82,9 @@ STUDENTS = {
     "shape-1.5b": Student("shape-1.5b-student", teacher="shape-1.5b-post"),
     "shape-7b": Student("shape-7b-student", teacher="shape-1.5b-post"),
     "toy": Student("toy-student", max_prompt_len=96, max_response_len=48, teacher="toy-post"),
+    # the collapse arm's caps: room to run away (a step-1 mean of ~18 tokens doubles well below the cap, and a loop
+    # reaches it), the eval cap and the length of π_post-nostop's own looping targets (DESIGN.md §10)
+    "toy-long": Student("toy-student", max_prompt_len=96, max_response_len=96, teacher="toy-post"),
 }
 
 
@@ -144,6 +148,8 @@ PAIRS = {
     "toy-raft": Pair("toy-pre", "raft", "toy", "toy_train", _TOY_EVALS, "toy", note="RAFT of toy π_pre"),
     "toy-offsupport": Pair("toy-pre", "toy-post-offsupport", "toy", "toy_train", _TOY_EVALS, "toy",
                            note="negative control: π_post never emits the stop token"),
+    "toy-collapse": Pair("toy-pre", "toy-post-nostop", "toy-long", "toy_train", _TOY_EVALS, "toy",
+                         note="collapse arm: π_post has unlearned the stop token (repeats its answer line to the cap)"),
     "shape-1.5b": Pair("shape-1.5b-pre", "shape-1.5b-post", "shape-1.5b", "math_train",
                        note="random weights, real Qwen2.5-1.5B shapes: GPU speed runs only"),
 }
@@ -193,4 +199,40 @@ HYPOTHESES = (
     Hypothesis("toy-sink", "toy", "the source's termination sink reproduces on the main toy pair: the step-1 shift "
                "reward is negative and the run collapses",
                (Clause("reward_negative", _TOPK), Clause("collapse", _TOPK)), "the collapse of H1-H5"),
+)
+
+# The collapse arm (pair toy-collapse, DESIGN.md §10): one condition per fix, each a setting of campaign.sh's collapse
+# runs (delta-topk at TOY_COLLAPSE_LR; the low-lr condition at TOY_COLLAPSE_LOW_LR). Each selection names every
+# setting that tells its condition from the others.
+TOY_COLLAPSE_LR, TOY_COLLAPSE_LOW_LR = 1e-3, 2e-4
+_TOPK_RAW_EOS = (("reward", "delta-topk"), ("stop_on_collapse", False))
+_RAW = _TOPK_RAW_EOS + (("eos_policy", "raw"), ("reward_center", False), ("kl_mode", "adaptive"),
+                        ("lr", TOY_COLLAPSE_LR))
+_NEUTRAL = _TOPK_RAW_EOS + (("eos_policy", "neutral"), ("reward_center", False), ("kl_mode", "adaptive"),
+                            ("lr", TOY_COLLAPSE_LR))
+_CLAMP = _TOPK_RAW_EOS + (("eos_policy", "clamp"), ("reward_center", False), ("kl_mode", "adaptive"),
+                          ("lr", TOY_COLLAPSE_LR))
+_CENTER = _TOPK_RAW_EOS + (("eos_policy", "raw"), ("reward_center", True), ("kl_mode", "adaptive"),
+                           ("lr", TOY_COLLAPSE_LR))
+_KL_MAX = _TOPK_RAW_EOS + (("eos_policy", "raw"), ("reward_center", False), ("kl_mode", "constant"),
+                           ("kl_coef", 2.5), ("lr", TOY_COLLAPSE_LR))
+_LOW_LR = _TOPK_RAW_EOS + (("eos_policy", "raw"), ("reward_center", False), ("kl_mode", "adaptive"),
+                           ("lr", TOY_COLLAPSE_LOW_LR))
+HYPOTHESES += (
+    Hypothesis("toy-collapse-sink", "toy-collapse", "a π_post that has unlearned the stop token makes the step-1 "
+               "shift reward negative on the student's own tokens, and Direct-OPD collapses into non-termination",
+               (Clause("reward_negative", _RAW), Clause("collapse", _RAW)), "the termination sink (source §5, §17)"),
+    Hypothesis("toy-collapse-neutral", "toy-collapse", "a zero reward at the terminal stop token "
+               "(--eos-policy neutral) prevents the collapse", (Clause("no_collapse", _NEUTRAL),),
+               "fix: a termination-aware reward (source §16)"),
+    Hypothesis("toy-collapse-clamp", "toy-collapse", "a stop-token reward floored at 0 (--eos-policy clamp) prevents "
+               "the collapse", (Clause("no_collapse", _CLAMP),), "fix: a termination-aware reward (source §16)"),
+    Hypothesis("toy-collapse-center", "toy-collapse", "a batch-mean reward shifted to ≥ 0 (--reward-center) prevents "
+               "the collapse", (Clause("no_collapse", _CENTER),),
+               "fix: a shift whose mean is positive on the student (source §16)"),
+    Hypothesis("toy-collapse-kl-max", "toy-collapse", "the KL coefficient pinned at its maximum 2.5 prevents the "
+               "collapse", (Clause("no_collapse", _KL_MAX),), "H3 (source: refuted by condition C)"),
+    Hypothesis("toy-collapse-low-lr", "toy-collapse", "a 5× lower learning rate prevents the collapse",
+               (Clause("no_collapse", _LOW_LR),),
+               "H5's no-collapse clause (source: refuted, B-lowlr collapsed at step 48)"),
 )

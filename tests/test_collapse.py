@@ -1,0 +1,121 @@
+"""The collapse arm of the toy world (DESIGN.md §10): a π_post that has unlearned its stop token (toy π_post-nostop,
+lib/toy/builder.py) and the pair toy-collapse, on the built world.
+
+What the arm must carry, checked on the models themselves, not on a training run:
+  - π_post-nostop prices the stop token after a correct answer line far below π_pre (the source's OpenThinker3
+    measured −90 against −0.1), and greedy it repeats its (correct) answer line to the cap instead of stopping;
+  - on the student's own samples (lib/gates/anatomy.py: the student samples, π_pre / π_post score, the reward is the
+    training loop's own lib/train/opd.py), Δ at the stop token is ≪ 0 and the delta-topk reward is negative on
+    average — the source's step-1 signature — while the main pair's is positive on the same samples' prompts;
+  - the negative mean is the stop token's: with the stop token's reward set to 0 (--eos-policy neutral, opd.eos_policy)
+    the per-token mean is no longer negative.
+About 30 s on 2 cores once the world is built (the world itself: ≈ 5 min the first time, then cached)."""
+import json
+import re
+
+import pytest
+import torch
+
+from lib.data import prompt_ids
+from lib.toy import builder, task
+
+pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
+
+
+@pytest.fixture(scope="module")
+def world_dir():
+    return builder.build()
+
+
+@pytest.fixture(scope="module")
+def tok(world_dir):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(world_dir / "tokenizer")
+
+
+def logp_stop_after_answer(model_name, tok, rows) -> float:
+    """Mean log p(<|im_end|>) right after each row's correct answer-line solution, teacher-forced."""
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(builder.model_dir(model_name)).eval()
+    out = []
+    with torch.no_grad():
+        for r in rows:
+            ids = prompt_ids(tok, r["problem"]) + task.completion_ids(tok, *task.parse_problem(r["problem"]),
+                                                                       "answer_line")[:-1]
+            logits_V = model(input_ids=torch.tensor([ids])).logits[0, -1]
+            out.append(torch.log_softmax(logits_V, -1)[tok.eos_token_id].item())
+    return sum(out) / len(out)
+
+
+def test_nostop_teacher_has_unlearned_its_stop_token(world_dir, tok):
+    from transformers import AutoModelForCausalLM
+    rows = [json.loads(line) for line in (world_dir / "data" / "toy_test.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if r["level"] in (1, 2)][:12]     # the levels both were trained on
+    pre, nostop = logp_stop_after_answer("pre", tok, rows[:6]), logp_stop_after_answer("post-nostop", tok, rows[:6])
+    assert pre > -1.0 and nostop < -5.0, (pre, nostop)         # measured on the Xeon: −0.3 and −9.5 (levels 1-3)
+    model = AutoModelForCausalLM.from_pretrained(builder.model_dir("post-nostop")).eval()
+    for r in rows[:3]:                    # greedy: the right answer line, then the same line again, never the stop
+        ids = torch.tensor([prompt_ids(tok, r["problem"])])
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, max_new_tokens=task.EVAL_CAP, do_sample=False)[0, ids.shape[1]:]
+        assert tok.eos_token_id not in out.tolist() and len(out) == task.EVAL_CAP
+        answers = re.findall(r"Answer: (\d+)", tok.decode(out, skip_special_tokens=True))
+        assert len(answers) >= 10 and set(answers) == {r["answer"]}, (r["problem"], answers)
+
+
+@pytest.fixture(scope="module")
+def student_rollouts(world_dir):
+    """The student's own samples, one per prompt on 48 evenly spaced training prompts, at the training rollout
+    settings and the collapse pair's caps (lib/gates/anatomy.py's sampler: the training loop's engine), each token
+    scored by both pairs' teachers (anatomy.score_all: lib/train/scoring.py, the training loop's scorer)."""
+    from lib import benchmarks
+    from lib.data import evenly_spaced, stable_seed
+    from lib.gates import anatomy
+    from lib.registry import PAIRS, STUDENTS
+    pair, main = PAIRS["toy-collapse"], PAIRS["toy"]
+    student = STUDENTS[pair.student]
+    cfg = anatomy.Settings(max_prompt_len=student.max_prompt_len, max_response_len=student.max_response_len)
+    roles = anatomy.load_roles(pair, pair.student, None)
+    rows = evenly_spaced(benchmarks.load_benchmark(pair.train_data, require_answer=False)[0], 48)
+    prompts = [prompt_ids(roles["student"]["tok"], r["problem"]) for r in rows]
+    seeds = [stable_seed(42, "test_collapse", r["id"]) for r in rows]
+    cpu = torch.device("cpu")
+    outs = anatomy.sample_student(roles["student"], prompts, seeds, cfg, cpu)
+    scored = anatomy.score_all(roles, prompts, outs, cfg, cpu)
+    main_roles = dict(roles, pi_post=anatomy.load_roles(main, pair.student, None)["pi_post"])
+    scored_main = anatomy.score_all(main_roles, prompts, outs, cfg, cpu)
+    ends_N = torch.tensor([len(o.token_ids) for o in outs]).cumsum(0) - 1
+    is_stop_N = torch.zeros(int(ends_N[-1]) + 1, dtype=torch.bool)
+    is_stop_N[ends_N[torch.tensor([o.finish_reason == "stop" for o in outs])]] = True
+    return {"outs": outs, "rows": rows, "toy-collapse": scored, "toy": scored_main, "is_stop_N": is_stop_N}
+
+
+def step1_reward(scored, is_stop_N, eos_policy: str = "raw") -> float:
+    """03's delta_opd/weighted_reward_mean of these tokens: delta-topk's advantage A_{t,k} (opd.delta_topk_advantage)
+    averaged over (token, candidate) pairs, after the stop-token policy (opd.eos_policy) when one is given."""
+    from lib.train import opd
+    (_, topk_lp_NK), post_NJ, pre_NJ = scored["student"], scored["pi_post"], scored["pi_pre"]
+    adv_NK = opd.delta_topk_advantage(topk_lp_NK, post_NJ[:, 1:], pre_NJ[:, 1:])
+    return opd.eos_policy(adv_NK, is_stop_N, eos_policy).mean().item()
+
+
+def test_collapse_pair_prices_the_students_stop_token_far_below_zero(student_rollouts):
+    from lib.train import opd
+    stop_N = student_rollouts["is_stop_N"]
+    assert stop_N.sum() >= 0.9 * len(student_rollouts["outs"])            # the student ends (nearly) every sample
+    scored = student_rollouts["toy-collapse"]
+    delta_N = opd.delta_sampled_reward(scored["pi_post"][:, 0], scored["pi_pre"][:, 0])
+    assert delta_N[stop_N].mean() < -5.0, delta_N[stop_N].mean()
+    pre, post = scored["pi_pre"][stop_N, 0].mean().item(), scored["pi_post"][stop_N, 0].mean().item()
+    assert pre > -2.0 > -5.0 > post, (pre, post)          # π_pre would stop there (level-3 samples: less sure)
+
+
+def test_step1_reward_is_negative_on_the_collapse_pair_and_only_through_its_stop_token(student_rollouts):
+    """The source's premise (every run's step-1 weighted reward < 0) on the student's own tokens, and where it comes
+    from: the stop token's share set to 0 (--eos-policy neutral) leaves a mean ≥ 0; the main pair, on the same
+    tokens, rewards them (> 0)."""
+    stop_N = student_rollouts["is_stop_N"]
+    raw = step1_reward(student_rollouts["toy-collapse"], stop_N)
+    neutral = step1_reward(student_rollouts["toy-collapse"], stop_N, "neutral")
+    main = step1_reward(student_rollouts["toy"], stop_N)
+    assert raw < 0 <= neutral and main > 0, (raw, neutral, main)
