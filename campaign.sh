@@ -124,6 +124,61 @@ else   # JOBS runs at once, each a one-thread process (the toy's pinned CPU math
   fi
 fi
 
+if [ "$PAIR" = toy ]; then
+  echo "== 3b. the collapse arm: Direct-OPD on toy-collapse (π_post has unlearned its stop token), raw and each fix =="
+  # DESIGN.md §10. One run name per condition and seed; 05 pools only runs of identical settings (lib/report/
+  # conditions.py). The learning rates are lib/registry.py's TOY_COLLAPSE_LR / TOY_COLLAPSE_LOW_LR (its hypotheses
+  # select the conditions by them). The raw condition's last checkpoints are evaluated: a collapsed student's
+  # truncated samples, and whether they still hold its answer (source §8.3).
+  COLLAPSE_FLAGS=(--pair toy-collapse --reward delta-topk --steps 30 --batch-prompts 32 --lr 1e-3 --save-every 30
+                  --micro-batch 32)
+  COLLAPSE_CONDITIONS=(           # name: the flags added to COLLAPSE_FLAGS (a later --lr overrides the first)
+    "raw:"
+    "eos-neutral:--eos-policy neutral"
+    "eos-clamp:--eos-policy clamp"
+    "center:--reward-center"
+    "stop-on-collapse:--stop-on-collapse"
+    "kl-max:--kl-mode constant --kl-coef 2.5"
+    "low-lr:--lr 2e-4"
+  )
+  collapse_run() {   # CONDITION SEED: one run, train/collapse-<condition>[-seed<S>]; a raw run's last checkpoint eval
+    local COND=${1%%:*} FLAGS=${1#*:} SEED=$2 NAME OUT CKPT
+    NAME="collapse-$COND"; [ "$SEED" = 42 ] || NAME="$NAME-seed$SEED"
+    OUT="$RUN/train/$NAME"
+    if [ -f "$OUT/manifest.json" ]; then
+      echo "$OUT is finished: skipped"
+    else
+      # shellcheck disable=SC2086  (FLAGS: flags split on spaces, none holds one)
+      python 03_opd_train.py --nproc "$NPROC" --run-dir "$RUN" --seed "$SEED" --run-name "$NAME" \
+        "${COLLAPSE_FLAGS[@]}" $FLAGS
+    fi
+    if [ "$COND" = raw ]; then
+      CKPT=$(ls -d "$OUT"/step_*/ | sort -V | tail -n 1)
+      python 04_eval.py --run-dir "$RUN" --model "$CKPT" --benchmark toy --protocol sample4 --backend "$BACKEND" \
+        --skip-if-exists
+    fi
+  }
+  mkdir -p "$RUN/logs"
+  STARTED=()
+  for CONDITION in "${COLLAPSE_CONDITIONS[@]}"; do
+    for SEED in $SEEDS; do
+      NAME="collapse-${CONDITION%%:*}"; [ "$SEED" = 42 ] || NAME="$NAME-seed$SEED"
+      while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do sleep 1; done
+      echo "   $NAME: training (log: $RUN/logs/$NAME.log)"
+      collapse_run "$CONDITION" "$SEED" > "$RUN/logs/$NAME.log" 2>&1 &
+      STARTED+=("$!:$NAME")
+    done
+  done
+  FAILED=""
+  for JOB in "${STARTED[@]}"; do
+    if wait "${JOB%%:*}"; then echo "   ${JOB#*:}: done"; else FAILED="$FAILED ${JOB#*:}"; fi
+  done
+  if [ -n "$FAILED" ]; then
+    for NAME in $FAILED; do echo "$NAME failed: see $RUN/logs/$NAME.log" >&2; done
+    exit 1
+  fi
+fi
+
 if [ -n "$RAFT_PAIR" ]; then
   echo "== 7. RAFT teacher: π_pre's own verified samples, SFT, probes; then its eval units (gate G2 in 05) =="
   run python 07_raft.py --run-dir "$RUN" --pair "$RAFT_PAIR" --backend "$BACKEND" "${RAFT_FLAGS[@]}"
