@@ -29,7 +29,8 @@ Reads:  the pair's π_pre and training prompts (lib/registry.py). Writes <run-di
 
 A stage whose outputs exist with the same settings is skipped; different settings are refused.
 
-CPU (toy):   python 07_raft.py --run-dir runs/toy --pair toy --g1-min 500 --lr 3e-4 --micro-batch 16
+CPU (toy):   python 07_raft.py --run-dir runs/toy --pair toy-raft --g1-min 500 --lr 3e-4 --micro-batch 16 --no-bf16
+             (the toy RAFT is of the toy student, fp32: bf16 autocast is emulated on the pinned CPU path, DESIGN.md §9)
 GPU:         python 07_raft.py --run-dir runs/raft --pair raft --stage sample --backend vllm
              python 07_raft.py --run-dir runs/raft --pair raft --stage sft --nproc 4 --activation-checkpointing
              python 07_raft.py --run-dir runs/raft --pair raft --stage probe

@@ -145,7 +145,10 @@ PAIRS = {
     "justrl": Pair("r1-distill-qwen-1.5b", "justrl-deepseek-1.5b", "qwen2.5-7b-instruct", "math_train",
                    note="the RL pair"),
     "toy": Pair("toy-pre", "toy-post", "toy", "toy_train", _TOY_EVALS, "toy", note="CPU default"),
-    "toy-raft": Pair("toy-pre", "raft", "toy", "toy_train", _TOY_EVALS, "toy", note="RAFT of toy π_pre"),
+    # RAFT's base is the toy student, not toy π_pre: π_pre puts a median −56 nats on a right level-3 solution, so its
+    # own samples hold no right answer it does not already write; the student's slips and level 3 are on its support
+    # (DESIGN.md §9)
+    "toy-raft": Pair("toy-student", "raft", "toy", "toy_train", _TOY_EVALS, "toy", note="RAFT of the toy student"),
     "toy-offsupport": Pair("toy-pre", "toy-post-offsupport", "toy", "toy_train", _TOY_EVALS, "toy",
                            note="negative control: π_post never emits the stop token"),
     "toy-collapse": Pair("toy-pre", "toy-post-nostop", "toy-long", "toy_train", _TOY_EVALS, "toy",

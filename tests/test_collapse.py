@@ -9,7 +9,7 @@ What the arm must carry, checked on the models themselves, not on a training run
     average — the source's step-1 signature — while the main pair's is positive on the same samples' prompts;
   - the negative mean is the stop token's: with the stop token's reward set to 0 (--eos-policy neutral, opd.eos_policy)
     the per-token mean is no longer negative.
-About 30 s on 2 cores once the world is built (the world itself: ≈ 5 min the first time, then cached)."""
+About 10 s on 2 cores once the world is built (the world itself: 5–25 min the first time, then cached)."""
 import json
 import re
 

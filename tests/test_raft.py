@@ -2,7 +2,9 @@
 template), which sample is kept and why the others are not, round-robin chunks that resume without duplicates, the
 stage-1 statistics, and end to end on the toy world: a resumed sampling run equals an uninterrupted one, the RAFT
 checkpoint reloads with from_pretrained, its non-weight files hash-equal π_pre's and a tied lm_head is not written,
-and the EOS probe / shift sanity equal an independent plain-HF computation."""
+the EOS probe / shift sanity equal an independent plain-HF computation, and the SFT learns its kept samples (the toy
+RAFT teacher of issue 32 learnt nothing). The toy fixture is the pair toy-raft, whose π_pre is the toy student
+(DESIGN.md §9)."""
 import random
 
 import numpy as np
@@ -212,7 +214,7 @@ def test_shift_probe_reference():
 
 # --- end to end on the toy world ---
 
-SMALL = ["--pair=toy", "--limit-prompts=24", "--k=2", "--g1-min=5", "--batch-prompts=4", "--batch-size=8",
+SMALL = ["--pair=toy-raft", "--limit-prompts=24", "--k=2", "--g1-min=5", "--batch-prompts=4", "--batch-size=8",
          "--micro-batch=4", "--epochs=2", "--lr=3e-4", "--anatomy-prompts=8", "--anatomy-bootstrap=200"]
 
 
@@ -245,7 +247,7 @@ def test_e2e_stage1_files_and_stats(e2e):
     assert [k["id"] for k in kept] == [r["id"] for r in rows if r["kept_seed"] is not None]
     assert all(k["completion_ids"][-1] == stop_id for k in kept)
     stats = read_json(out / "stats.json")
-    assert stats["base"] == "toy-pre" and stats["k"] == 2 and stats["n_prompts"] == 24
+    assert stats["base"] == "toy-student" and stats["k"] == 2 and stats["n_prompts"] == 24
     assert stats["kept"] == len(kept) and stats["gate_g1"] == {"pass": len(kept) >= 5, "threshold": 5, "kept": len(kept)}
     assert sum(stats["n_correct_of_k"].values()) == 24
     assert sum(stats["rejection_reasons"].values()) == 48 - sum(
@@ -294,9 +296,9 @@ def test_e2e_time_limit_stops_sampling_and_the_same_command_continues(e2e, tmp_p
 def test_e2e_checkpoint_reloads_side_files_identical(e2e):
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM
-    out, pre = e2e / "raft", builder.model_dir("pre")
+    out, pre = e2e / "raft", builder.model_dir("student")               # toy-raft's π_pre (DESIGN.md §9)
     assert models.resolve_model("raft", e2e).path == out / "model"
-    assert models.model_spec("raft", e2e).eval_max_new_tokens == registry.MODELS["toy-pre"].eval_max_new_tokens
+    assert models.model_spec("raft", e2e).eval_max_new_tokens == registry.MODELS["toy-student"].eval_max_new_tokens
     assert not (out / "model" / "checkpoint.json").exists()          # 04_eval must not take it for a training run
     for tag in ("025", "050", "075", "100"):
         ck = out / f"ckpt_{tag}"
@@ -306,7 +308,7 @@ def test_e2e_checkpoint_reloads_side_files_identical(e2e):
             keys = set(f.keys())
         with safe_open(pre / "model.safetensors", "pt") as f:
             assert keys == set(f.keys()) and "lm_head.weight" not in keys   # tied: no lm_head written
-        assert read_json(ck / models.BASE_FILE)["base"] == "toy-pre"
+        assert read_json(ck / models.BASE_FILE)["base"] == "toy-student"
     assert all(sha256_file(out / "model" / f.name) == sha256_file(out / "ckpt_100" / f.name)
                for f in (out / "ckpt_100").iterdir())
     m = AutoModelForCausalLM.from_pretrained(out / "model")
@@ -324,7 +326,7 @@ def test_e2e_eos_probe_and_shift_match_plain_hf(e2e):
     val = [r for r in read_jsonl(out / "kept.jsonl") if r["id"] in set(sft["val_ids"])]
     assert len(val) == sft["n_val"] >= 1
     lps = {}
-    for name, path in (("pi_pre", builder.model_dir("pre")), ("raft", out / "model")):
+    for name, path in (("pi_pre", builder.model_dir("student")), ("raft", out / "model")):
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
         per = []
         for r in val:
@@ -340,6 +342,43 @@ def test_e2e_eos_probe_and_shift_match_plain_hf(e2e):
     assert stats["eos_probe"]["raft"] == pytest.approx(eos["raft"], abs=1e-5)
     assert stats["shift_abs_dlogp_per_token"] == pytest.approx(shift, rel=1e-3, abs=1e-6)
     assert stats["shift"]["n_tokens"] == sum(len(r["completion_ids"]) for r in val)
+
+
+def completion_logprobs(path, rows) -> list[torch.Tensor]:
+    """Plain HF, fp64 log_softmax: log p of every completion token (stop token included) of each kept row."""
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    per = []
+    for r in rows:
+        ids = torch.tensor([r["prompt_ids"] + r["completion_ids"]])
+        with torch.no_grad():
+            logp = torch.log_softmax(model(input_ids=ids).logits[0].double(), -1)
+        n = len(r["prompt_ids"])
+        per.append(torch.stack([logp[t - 1, ids[0, t]] for t in range(n, ids.shape[1])]))
+    return per
+
+
+# nats per token. Measured on this fixture (Intel Xeon @ 2.80GHz): +0.027 on the training completions, held-out
+# |Δ| 0.063; with the optimizer step removed from lib/train/sft_fsdp.py, 0.000 and 0.000 (the test fails)
+LEARNS = 0.01
+
+
+@pytest.mark.e2e
+def test_e2e_sft_learns_its_kept_samples(e2e):
+    """Issue 32's toy RAFT teacher learnt nothing (held-out |Δ log p| 3e-6 per token, G2 +0.05 pp): its kept samples
+    were π_pre's own near-certain text, so the SFT had nothing to fit. Here the SFT must raise the log-likelihood of
+    the kept completions it trained on by more than LEARNS nats per token and move the held-out ones by more than
+    LEARNS / 10, measured by a plain HF forward (not by 07's probe). It fails with the update broken (tried: no
+    optimizer step) and would with a kept set the base model already writes at p ≈ 1 (toy π_pre's, whose SFT loss
+    started at 0.002 nats per token)."""
+    out = e2e / "raft"
+    val_ids = set(read_json(out / "sft.json")["val_ids"])
+    kept = read_jsonl(out / "kept.jsonl")
+    pre, post = completion_logprobs(builder.model_dir("student"), kept), completion_logprobs(out / "model", kept)
+    train = torch.cat([b - a for a, b, r in zip(pre, post, kept) if r["id"] not in val_ids])
+    held = torch.cat([(b - a).abs() for a, b, r in zip(pre, post, kept) if r["id"] in val_ids])
+    assert float(train.mean()) > LEARNS, f"the SFT raised its training completions by {float(train.mean()):.2e} nats"
+    assert float(held.mean()) > LEARNS / 10, f"held-out |Δ log p| {float(held.mean()):.2e} nats per token"
 
 
 @pytest.mark.e2e
