@@ -4,6 +4,7 @@
 #   bash campaign.sh                                   # the toy world on this CPU (the default) → runs/toy/report/
 #   PAIR=openthinker NPROC=4 BACKEND=vllm bash campaign.sh                 # a real pair on 4 GPUs
 #   SEEDS="42 1 2 3" JOBS=1 bash campaign.sh           # seeds per reward (toy: "42 1 2"), runs at once (toy: 2)
+#   COLLAPSE_ARM=1 bash campaign.sh                    # the toy also runs its collapse arm (DESIGN.md §10; ~1 h)
 #
 # Every stage skips what is already done (finished eval units, finished training runs) and refuses files whose
 # hashes no longer match their manifest, so a killed campaign is continued by running the same command again.
@@ -43,16 +44,38 @@ on_signal() {
 }
 trap on_signal TERM INT
 run() { "$@" & wait $!; }
+STARTED=()
+spawn() {   # NAME CMD…: CMD in the background once fewer than JOBS run, its output in $RUN/logs/NAME.log (JOBS 1: here)
+  local NAME=$1; shift
+  if [ "$JOBS" -le 1 ]; then run "$@"; return; fi
+  mkdir -p "$RUN/logs"
+  while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do sleep 1; done
+  echo "   $NAME: started (log: $RUN/logs/$NAME.log)"
+  "$@" > "$RUN/logs/$NAME.log" 2>&1 &
+  STARTED+=("$!:$NAME")
+}
+wait_all() {   # every spawned run is waited for; a failed one stops the campaign after the others
+  local JOB NAME FAILED=""
+  for JOB in "${STARTED[@]}"; do
+    if wait "${JOB%%:*}"; then echo "   ${JOB#*:}: done"; else FAILED="$FAILED ${JOB#*:}"; fi
+  done
+  STARTED=()
+  if [ -n "$FAILED" ]; then
+    for NAME in $FAILED; do echo "$NAME failed: see $RUN/logs/$NAME.log" >&2; done
+    exit 1
+  fi
+}
 
 if [ "$PAIR" = toy ]; then
   # The toy models are tiny and start far from the teacher: a larger learning rate, and fewer, smaller steps (one
   # pass over the 1,440 toy training prompts). Everything else is DESIGN.md §7's default.
   TRAIN_FLAGS=(--steps 45 --batch-prompts 32 --lr 2e-4 --save-every 15 --micro-batch 32)
   CKPT_EVALS="toy:sample4"
-  # RAFT of toy π_pre (DESIGN.md §9 at toy scale): gate G1 at 500 kept samples (~840 of the 1,440 prompts keep one), a
-  # toy learning rate.
+  # RAFT of the toy student (DESIGN.md §9: toy π_pre's own samples hold nothing it does not already write): gate G1
+  # at 500 kept samples (1,109 of the 1,440 prompts keep one), a toy learning rate, fp32 compute (bf16 autocast is
+  # emulated on the pinned AVX2 path: 8 min 13 s for the SFT instead of 1 min 1 s)
   RAFT_PAIR=toy-raft
-  RAFT_FLAGS=(--sample-batch 256 --g1-min 500 --lr 1e-4 --micro-batch 16)
+  RAFT_FLAGS=(--sample-batch 256 --g1-min 500 --lr 3e-4 --micro-batch 16 --no-bf16)
 else
   TRAIN_FLAGS=()
   CKPT_EVALS="aime24:curve8 aime25:curve8 math500:sample4"
@@ -79,15 +102,16 @@ run python 02_baselines.py --run-dir "$RUN" --pair "$PAIR" --backend "$BACKEND"
 echo "== 3. training: classic OPD from the stronger teacher, then Direct-OPD with both rewards, each for every seed =="
 # Seed 42's run is train/<reward> with every checkpoint evaluated (the curves); another seed S's is
 # train/<reward>-seed<S>, its last checkpoint evaluated: the per-seed and pooled gains of the report.
-train_and_eval() {   # REWARD SEED: one training run, then its checkpoints' eval units
-  local REWARD=$1 SEED=$2 NAME OUT CKPTS CKPT EVAL
-  NAME=$REWARD; [ "$SEED" = 42 ] || NAME="$REWARD-seed$SEED"
+run_name() { local NAME=$1; [ "$2" = 42 ] || NAME="$1-seed$2"; echo "$NAME"; }   # BASE SEED → the run's name
+train_and_eval() {   # TRAIN_PAIR REWARD SEED BASE: one training run, train/BASE[-seed<S>], then its checkpoints' evals
+  local TRAIN_PAIR=$1 REWARD=$2 SEED=$3 NAME OUT CKPTS CKPT EVAL
+  NAME=$(run_name "$4" "$SEED")
   OUT="$RUN/train/$NAME"
   if [ -f "$OUT/manifest.json" ]; then
     echo "$OUT is finished: skipped"
   else
     # the same command starts, continues (from the last complete checkpoint) or seals a killed run
-    python 03_opd_train.py --nproc "$NPROC" --pair "$PAIR" --run-dir "$RUN" --reward "$REWARD" --seed "$SEED" \
+    python 03_opd_train.py --nproc "$NPROC" --pair "$TRAIN_PAIR" --run-dir "$RUN" --reward "$REWARD" --seed "$SEED" \
       --run-name "$NAME" "${TRAIN_FLAGS[@]}"
   fi
   echo "== 4. evaluating the $NAME checkpoints =="
@@ -100,31 +124,16 @@ train_and_eval() {   # REWARD SEED: one training run, then its checkpoints' eval
     done
   done
 }
-if [ "$JOBS" -le 1 ]; then
-  for REWARD in opd delta-sampled delta-topk; do for SEED in $SEEDS; do run train_and_eval "$REWARD" "$SEED"; done; done
-else   # JOBS runs at once, each a one-thread process (the toy's pinned CPU math), its output in $RUN/logs/
-  mkdir -p "$RUN/logs"
-  STARTED=()
-  for REWARD in opd delta-sampled delta-topk; do
-    for SEED in $SEEDS; do
-      NAME=$REWARD; [ "$SEED" = 42 ] || NAME="$REWARD-seed$SEED"
-      while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do sleep 1; done
-      echo "   $NAME: training and evaluating (log: $RUN/logs/$NAME.log)"
-      train_and_eval "$REWARD" "$SEED" > "$RUN/logs/$NAME.log" 2>&1 &
-      STARTED+=("$!:$NAME")
-    done
+for REWARD in opd delta-sampled delta-topk; do
+  for SEED in $SEEDS; do
+    spawn "$(run_name "$REWARD" "$SEED")" train_and_eval "$PAIR" "$REWARD" "$SEED" "$REWARD"
   done
-  FAILED=""
-  for JOB in "${STARTED[@]}"; do   # every run is waited for; a failed one stops the campaign after the others
-    if wait "${JOB%%:*}"; then echo "   ${JOB#*:}: done"; else FAILED="$FAILED ${JOB#*:}"; fi
-  done
-  if [ -n "$FAILED" ]; then
-    for NAME in $FAILED; do echo "$NAME failed: see $RUN/logs/$NAME.log" >&2; done
-    exit 1
-  fi
-fi
+done
+wait_all
 
-if [ "$PAIR" = toy ]; then
+if [ "$PAIR" = toy ] && [ "${COLLAPSE_ARM:-0}" = 1 ]; then
+  # Opt-in while it does not yet show what it is for: on the built world one raw seed of three collapsed (DESIGN.md
+  # §10 has the measurements), and its 21 runs take about an hour on 2 cores.
   echo "== 3b. the collapse arm: Direct-OPD on toy-collapse (π_post has unlearned its stop token), raw and each fix =="
   # DESIGN.md §10. One run name per condition and seed; 05 pools only runs of identical settings (lib/report/
   # conditions.py). The learning rates are lib/registry.py's TOY_COLLAPSE_LR / TOY_COLLAPSE_LOW_LR (its hypotheses
@@ -143,7 +152,7 @@ if [ "$PAIR" = toy ]; then
   )
   collapse_run() {   # CONDITION SEED: one run, train/collapse-<condition>[-seed<S>]; a raw run's last checkpoint eval
     local COND=${1%%:*} FLAGS=${1#*:} SEED=$2 NAME OUT CKPT
-    NAME="collapse-$COND"; [ "$SEED" = 42 ] || NAME="$NAME-seed$SEED"
+    NAME=$(run_name "collapse-$COND" "$SEED")
     OUT="$RUN/train/$NAME"
     if [ -f "$OUT/manifest.json" ]; then
       echo "$OUT is finished: skipped"
@@ -158,32 +167,27 @@ if [ "$PAIR" = toy ]; then
         --skip-if-exists
     fi
   }
-  mkdir -p "$RUN/logs"
-  STARTED=()
   for CONDITION in "${COLLAPSE_CONDITIONS[@]}"; do
     for SEED in $SEEDS; do
-      NAME="collapse-${CONDITION%%:*}"; [ "$SEED" = 42 ] || NAME="$NAME-seed$SEED"
-      while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do sleep 1; done
-      echo "   $NAME: training (log: $RUN/logs/$NAME.log)"
-      collapse_run "$CONDITION" "$SEED" > "$RUN/logs/$NAME.log" 2>&1 &
-      STARTED+=("$!:$NAME")
+      spawn "$(run_name "collapse-${CONDITION%%:*}" "$SEED")" collapse_run "$CONDITION" "$SEED"
     done
   done
-  FAILED=""
-  for JOB in "${STARTED[@]}"; do
-    if wait "${JOB%%:*}"; then echo "   ${JOB#*:}: done"; else FAILED="$FAILED ${JOB#*:}"; fi
-  done
-  if [ -n "$FAILED" ]; then
-    for NAME in $FAILED; do echo "$NAME failed: see $RUN/logs/$NAME.log" >&2; done
-    exit 1
-  fi
+  wait_all
 fi
 
 if [ -n "$RAFT_PAIR" ]; then
   echo "== 7. RAFT teacher: π_pre's own verified samples, SFT, probes; then its eval units (gate G2 in 05) =="
   run python 07_raft.py --run-dir "$RUN" --pair "$RAFT_PAIR" --backend "$BACKEND" "${RAFT_FLAGS[@]}"
   run python 02_baselines.py --run-dir "$RUN" --pair "$RAFT_PAIR" --models pi_post --backend "$BACKEND"
+  echo "== 3c. the RAFT student: Direct-OPD (delta-topk) on the RAFT pair, every seed (DESIGN.md §9, source §18) =="
+  for SEED in $SEEDS; do
+    spawn "$(run_name delta-topk-raft "$SEED")" train_and_eval "$RAFT_PAIR" delta-topk "$SEED" delta-topk-raft
+  done
+  wait_all
 fi
+
+echo "== 1b. cross-pair anatomy: every pair of this student scored on one frozen set of its rollouts (DESIGN.md §8.5) =="
+run python 01_gates.py --run-dir "$RUN" --pair "$PAIR" --gates anatomy_cross --backend "$BACKEND"
 
 echo "== 5. statistics =="
 run python 05_stats.py --run-dir "$RUN" --pair "$PAIR"
