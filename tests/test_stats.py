@@ -396,6 +396,26 @@ def test_conditions_group_only_identical_settings():
     assert of["raw"] == of["raw-seed1"] != of["neutral"]
 
 
+
+def test_condition_names_say_the_pair_once():
+    """Two pairs' conditions of one reward are named by the pair alone (its recorded name and file hash follow from
+    it), unless one pair name holds two files: then the hash tells them apart, by its first 8 hex digits."""
+    from lib.report.conditions import name_conditions
+    h1, h2 = "1f" * 32, "e0" * 32
+
+    def cond(pair, name, sha):
+        return {"reward": "delta-topk", "runs": [pair], "settings": {"pair": pair, "pair_name": name,
+                                                                      "pair_sha256": sha, "lr": 2e-4}}
+    names = name_conditions({"a": cond("toy", "toy", h1), "b": cond("toy-raft", "toy-raft", h2)})
+    assert names == {"a": "delta-topk+pair=toy", "b": "delta-topk+pair=toy-raft"}
+    names = name_conditions({"a": cond("toy", "toy", h1), "b": cond("p.toml", "smol", h1),
+                             "c": cond("p.toml", "smol", h2)})
+    assert names == {"a": "delta-topk+pair=toy+pair-sha256=1f1f1f1f",
+                     "b": "delta-topk+pair=p.toml+pair-sha256=1f1f1f1f",
+                     "c": "delta-topk+pair=p.toml+pair-sha256=e0e0e0e0"}
+    assert len(set(names.values())) == 3
+
+
 def test_snapshots_at_checkpoints_and_either_side_of_the_onset():
     from lib.report.conditions import snapshots
     metrics = [{"step": s, "response_length/mean": 10.0 + s, "response_length/clip_ratio": 0.1 * s} for s in range(1, 9)]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 
 from lib.runs import MAY_DIFFER
 
@@ -44,14 +45,30 @@ def condition_id(settings: dict | None, run: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
+IMPLIED_BY_PAIR = ("pair_name", "pair_sha256")
+SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
 def _flag(key: str, value) -> str:
-    """One setting as a readable name part: a switch by its flag name, a value as flag=value."""
+    """One setting as a readable name part: a switch by its flag name, a value as flag=value (a sha256 by its first
+    8 hex digits)."""
     name = key.replace("_", "-")
+    if isinstance(value, str) and SHA256.fullmatch(value):
+        return f"{name}={value[:8]}"
     if value is True:
         return name
     if value is False:
         return f"no-{name}"
     return f"{name}={'—' if value is None else value}"
+
+
+def _follows_pair(settings: list[dict], key: str) -> bool:
+    """Whether `key` has one value per pair across these settings (then naming the pair names it too)."""
+    seen = {}
+    for s in settings:
+        if seen.setdefault(json.dumps(s.get("pair"), default=str), s.get(key)) != s.get(key):
+            return False
+    return True
 
 
 def name_conditions(conditions: dict[str, dict]) -> dict[str, str]:
@@ -65,6 +82,8 @@ def name_conditions(conditions: dict[str, dict]) -> dict[str, str]:
         known = [conditions[i]["settings"] for i in ids if conditions[i]["settings"] is not None]
         keys = sorted({k for s in known for k in s})
         differ = [k for k in keys if len({json.dumps(s.get(k, "(absent)"), default=str) for s in known}) > 1]
+        # a pair's recorded name and file hash, where each pair here has one of each, are said by its name alone
+        differ = [k for k in differ if not (k in IMPLIED_BY_PAIR and "pair" in differ and _follows_pair(known, k))]
         for i in ids:
             s = conditions[i]["settings"]
             if s is None:
