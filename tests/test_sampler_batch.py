@@ -27,21 +27,11 @@ if not torch.cuda.is_available():
 from lib.sample.decode import Decoder, slot_bytes, workspace_bytes  # noqa: E402
 from lib.sample.engine import HFEngine, sample  # noqa: E402
 from test_decode import GPU_STYLE, V2, V2_TRITON, reference_draw  # noqa: E402
-from test_sampling import build_tokenizer, forward_logprobs  # noqa: E402
+from test_sampling import forward_logprobs  # noqa: E402
+from test_decode import tiny  # noqa: E402,F401  (the tiny random Qwen2 of the decoder's tests, a fixture)
 
 MAX_NEW = 7
 N_ROLLOUTS = 3
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-    tok = build_tokenizer()
-    torch.manual_seed(3)
-    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=256,
-                      tie_word_embeddings=True, initializer_range=0.2)
-    return tok, Qwen2ForCausalLM(cfg).eval()
 
 
 def distinct_prompts():
