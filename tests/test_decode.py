@@ -108,6 +108,12 @@ def test_sampled_tokens_equal_a_teacher_forced_reference(tiny, mode, T, top_p):
     tok, model = tiny
     prompts, seeds = odd_prompts(), [5, 2**40 + 1, 17, 2**64 - 1, 0, 99, 123456789]
     outs = run(model, prompts, seeds, [tok.eos_token_id], T=T, top_p=top_p, mode=mode, **GPU_STYLE)
+    assert_teacher_forced(model, prompts, seeds, outs, T, top_p, mode)
+
+
+def assert_teacher_forced(model, prompts, seeds, outs, T, top_p, mode):
+    """Each request's tokens are the reference draw on a plain forward of its own prefix, and its log-probs those of
+    a teacher-forced pass (within 1e-4)."""
     for p, s, (ids, lps) in zip(prompts, seeds, outs):
         ref = []
         for t in range(len(ids)):

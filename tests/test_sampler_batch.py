@@ -26,9 +26,9 @@ if not torch.cuda.is_available():
 
 from lib.sample.decode import Decoder, slot_bytes, workspace_bytes  # noqa: E402
 from lib.sample.engine import HFEngine, sample  # noqa: E402
-from test_decode import GPU_STYLE, V2, V2_TRITON, reference_draw  # noqa: E402
+from test_decode import GPU_STYLE, V2, V2_TRITON, assert_teacher_forced  # noqa: E402
+from test_decode import tiny  # noqa: E402,F401  (the decoder tests' tiny random Qwen2, a fixture)
 from test_sampling import forward_logprobs  # noqa: E402
-from test_decode import tiny  # noqa: E402,F401  (the tiny random Qwen2 of the decoder's tests, a fixture)
 
 MAX_NEW = 7
 N_ROLLOUTS = 3
@@ -122,14 +122,7 @@ def test_shared_prefill_samples_equal_a_teacher_forced_reference(tiny, mode, T, 
     outs, dec = decode(model, prompts, seeds, slots=len(prompts), share=True, T=T, top_p=top_p, mode=mode,
                        stop=[tok.eos_token_id], **GPU_STYLE)
     assert dec.prefill_rows == len(distinct_prompts())
-    for p, s, (ids, lps) in zip(prompts, seeds, outs):
-        ref = []
-        for t in range(len(ids)):
-            with torch.no_grad():
-                logits = model(torch.tensor([p + ref])).logits[0, -1].tolist()
-            ref.append(reference_draw(logits, s, t, T, top_p, mode))
-        assert ids == ref
-        assert max(abs(a - b) for a, b in zip(lps, forward_logprobs(model, p, ids))) < 1e-4
+    assert_teacher_forced(model, prompts, seeds, outs, T, top_p, mode)
 
 
 # --- the KV budget ---
