@@ -72,7 +72,8 @@
 # tree has no git history, so pass COMMIT=$(git rev-parse --short HEAD) from the checkout); STATE (default
 # $HOME/.bench-device: the tilings chosen); LIMIT (seconds per command, else each part's default); STEPS; EXTRA (more
 # 03 flags, e.g. "--no-vllm-sleep --gpu-memory-utilization 0.15" or "--seed 7"); GPU_MEM (0.3); GAP_EVERY (4);
-# METRICS; METHODS; METHODS7; REPEATS (1); VLLM_MODES ("inprocess multiprocess"); VLLM_FIRST; R_BATCHES,
+# METRICS; METHODS; METHODS7; REPEATS (1); R_SHARE (requests per distinct prompt in the rollout parts, default 1; 4 as
+# 03 asks for its rollouts: bench/rollout.py --share); VLLM_MODES ("inprocess multiprocess"); VLLM_FIRST; R_BATCHES,
 # R_LENGTHS, R7_BATCHES, R7_LENGTHS; PROFILE_VARIANTS; ATTN7_TILINGS; OLD_TILINGS; BEST and BEST7 (a tiling instead
 # of the chosen one; METHODS, METHODS7 and PROFILE_VARIANTS spell them BEST and BEST7, as in ours@BEST).
 # TINY=1: the tiny random shape and small sizes, which run on a CPU (kernel, update, sampling, attention, decode-step,
@@ -260,7 +261,7 @@ rollouts_at() {
   methods=$(subst "$5") || { FAILED+=("$name"); return 1; }
   IFS=, read -ra all <<< "$methods"
   for m in "${all[@]}"; do if [[ $m == vllm* ]]; then vllm+=("$m"); else ours+=("$m"); fi; done
-  common=(--shapes "$shape" --batches "$batches" --lengths "$lengths" --repeats "$REPEATS")
+  common=(--shapes "$shape" --batches "$batches" --lengths "$lengths" --repeats "$REPEATS" --share "${R_SHARE:-1}")
   run_ours() {
     [ ${#ours[@]} = 0 ] || measure "$name" "$(lim 500)" rows python3 bench/rollout.py "${common[@]}" \
       --methods "$(IFS=,; echo "${ours[*]}")" --out "$OUT/${name}_inprocess.jsonl"
