@@ -4,7 +4,8 @@
 #   bash campaign.sh                                   # the toy world on this CPU (the default) → runs/toy/report/
 #   PAIR=openthinker NPROC=4 BACKEND=vllm bash campaign.sh                 # a real pair on 4 GPUs
 #   SEEDS="42 1 2 3" JOBS=1 bash campaign.sh           # seeds per reward (toy: "42 1 2"), runs at once (toy: 2)
-#   COLLAPSE_ARM=1 bash campaign.sh                    # the toy also runs its collapse arm (DESIGN.md §10; ~1 h)
+#   COLLAPSE_ARM=all bash campaign.sh                  # the toy's collapse arm with every fix (DESIGN.md §10), not
+#                                                      # only raw and --eos-policy neutral; COLLAPSE_ARM=0: without it
 #
 # Every stage skips what is already done (finished eval units, finished training runs) and refuses files whose
 # hashes no longer match their manifest, so a killed campaign is continued by running the same command again.
@@ -131,25 +132,30 @@ for REWARD in opd delta-sampled delta-topk; do
 done
 wait_all
 
-if [ "$PAIR" = toy ] && [ "${COLLAPSE_ARM:-0}" = 1 ]; then
-  # Opt-in while it does not yet show what it is for: on the built world one raw seed of three collapsed (DESIGN.md
-  # §10 has the measurements), and its 21 runs take about an hour on 2 cores.
-  echo "== 3b. the collapse arm: Direct-OPD on toy-collapse (π_post has unlearned its stop token), raw and each fix =="
-  # DESIGN.md §10. One run name per condition and seed; 05 pools only runs of identical settings (lib/report/
-  # conditions.py). The learning rates are lib/registry.py's TOY_COLLAPSE_LR / TOY_COLLAPSE_LOW_LR (its hypotheses
-  # select the conditions by them). The raw condition's last checkpoints are evaluated: a collapsed student's
-  # truncated samples, and whether they still hold its answer (source §8.3).
-  COLLAPSE_FLAGS=(--pair toy-collapse --reward delta-topk --steps 30 --batch-prompts 32 --lr 1e-3 --save-every 30
+COLLAPSE_ARM=${COLLAPSE_ARM:-default}
+if [ "$PAIR" = toy ] && [ "$COLLAPSE_ARM" != 0 ]; then
+  echo "== 3b. the collapse arm: Direct-OPD on toy-collapse (π_post has unlearned its stop token), raw and fixes =="
+  # DESIGN.md §10. By default the raw condition and the fix that holds in every seed (--eos-policy neutral), 6 runs;
+  # COLLAPSE_ARM=all adds the other fixes (15 runs more). One run name per condition and seed; 05 pools only runs of
+  # identical settings (lib/report/conditions.py). The learning rates are lib/registry.py's TOY_COLLAPSE_LR /
+  # TOY_COLLAPSE_LOW_LR (its hypotheses select the conditions by them); the caps are the student toy-long's (64
+  # response tokens). The raw condition's last checkpoints are evaluated: a collapsed student's truncated samples, and
+  # whether they still hold its answer (source §8.3).
+  COLLAPSE_FLAGS=(--pair toy-collapse --reward delta-topk --steps 30 --batch-prompts 32 --lr 2e-3 --save-every 30
                   --micro-batch 32)
   COLLAPSE_CONDITIONS=(           # name: the flags added to COLLAPSE_FLAGS (a later --lr overrides the first)
     "raw:"
     "eos-neutral:--eos-policy neutral"
-    "eos-clamp:--eos-policy clamp"
-    "center:--reward-center"
-    "stop-on-collapse:--stop-on-collapse"
-    "kl-max:--kl-mode constant --kl-coef 2.5"
-    "low-lr:--lr 2e-4"
   )
+  if [ "$COLLAPSE_ARM" = all ]; then
+    COLLAPSE_CONDITIONS+=(
+      "eos-clamp:--eos-policy clamp"
+      "center:--reward-center"
+      "stop-on-collapse:--stop-on-collapse"
+      "kl-max:--kl-mode constant --kl-coef 2.5"
+      "low-lr:--lr 4e-4"
+    )
+  fi
   collapse_run() {   # CONDITION SEED: one run, train/collapse-<condition>[-seed<S>]; a raw run's last checkpoint eval
     local COND=${1%%:*} FLAGS=${1#*:} SEED=$2 NAME OUT CKPT
     NAME=$(run_name "collapse-$COND" "$SEED")

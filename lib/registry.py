@@ -82,9 +82,9 @@ STUDENTS = {
     "shape-1.5b": Student("shape-1.5b-student", teacher="shape-1.5b-post"),
     "shape-7b": Student("shape-7b-student", teacher="shape-1.5b-post"),
     "toy": Student("toy-student", max_prompt_len=96, max_response_len=48, teacher="toy-post"),
-    # the collapse arm's caps: room to run away (a step-1 mean of ~18 tokens doubles well below the cap, and a loop
-    # reaches it), the eval cap and the length of π_post-nostop's own looping targets (DESIGN.md §10)
-    "toy-long": Student("toy-student", max_prompt_len=96, max_response_len=96, teacher="toy-post"),
+    # the collapse arm's caps: room to run away (a step-1 mean of ~22 tokens doubles below the cap, so the runaway
+    # marker can fire before the clip ratio does, and a loop reaches it within a few answer lines; DESIGN.md §10)
+    "toy-long": Student("toy-student", max_prompt_len=96, max_response_len=64, teacher="toy-post"),
 }
 
 
@@ -207,7 +207,7 @@ HYPOTHESES = (
 # The collapse arm (pair toy-collapse, DESIGN.md §10): one condition per fix, each a setting of campaign.sh's collapse
 # runs (delta-topk at TOY_COLLAPSE_LR; the low-lr condition at TOY_COLLAPSE_LOW_LR). Each selection names every
 # setting that tells its condition from the others.
-TOY_COLLAPSE_LR, TOY_COLLAPSE_LOW_LR = 1e-3, 2e-4
+TOY_COLLAPSE_LR, TOY_COLLAPSE_LOW_LR = 2e-3, 4e-4
 _TOPK_RAW_EOS = (("reward", "delta-topk"), ("stop_on_collapse", False))
 _RAW = _TOPK_RAW_EOS + (("eos_policy", "raw"), ("reward_center", False), ("kl_mode", "adaptive"),
                         ("lr", TOY_COLLAPSE_LR))
