@@ -27,7 +27,7 @@ lib/sample/vllm_engine.py asks it to: a seed per request and the sampled token's
 `generate_static`, `generate_dynamic` (transformers). An ours* method followed by `@TILING` (bench/decode_attn.py's
 grammar, e.g. `ours@c256b64w4x`) runs with that attention tiling; followed by `%GEMMS` (bench/skinny_gemm.py's, e.g.
 `ours%qkv=n64k128s4w4`), with those GEMMs by lib/sample/skinny_gemm.py's Triton kernel. A method that fails prints a row
-with its error and the run goes on.
+with its error and the run goes on; the script then exits with status 1, so bench/device.sh marks the part failed.
 
 Bandwidth bound (what a decode step must at least read: every weight once, every sequence's KV cache once):
     t_step(t) = (W + B · kv · (P + t)) / BW,   bound = B · N / Σ_{t<N} t_step(t)
@@ -112,7 +112,12 @@ def free():
         torch.cuda.empty_cache()
 
 
+ERRORS = []         # rows that carry an error: the exit status is 1 if any
+
+
 def emit(row: dict):
+    if "error" in row:
+        ERRORS.append(row)
     print(json.dumps(row), flush=True)
     if args.out:
         with open(args.out, "a") as f:
@@ -346,3 +351,6 @@ def main(argv=None):
 
 if __name__ == "__main__":      # vLLM's engine process re-imports this file (spawn): nothing may run on import
     main()
+    if ERRORS:
+        print(f"rollout.py: {len(ERRORS)} row(s) failed, first: {ERRORS[0]['error']}", file=sys.stderr)
+        sys.exit(1)
