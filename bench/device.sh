@@ -34,6 +34,8 @@
 #                 compiled draw = the eager one, the bf16 log-prob gap at the 1.5B shape), the split-K kernel's GPU
 #                 tests, bench/varlen_check.py → checks.jsonl, varlen_check.txt
 #   vllm-smoke    the colocated vLLM engine against transformers (bench/vllm_smoke.py) → vllm_smoke.json
+#   prefill       the sampler's prefill of 03's first steps (64 real training prompts × 4 requests each), packed
+#                 against right-padded (bench/prefill.py, 1.5B shape) → prefill.json
 #   step          03_opd_train with the built-in sampler: random Qwen2.5-1.5B student and teachers, delta-topk
 #                 (K = 16), 64 prompts × 4 rollouts × 400 new tokens, --micro-batch 16, STEPS steps (default 6),
 #                 then its floors (step-floor) → step_builtin_metrics.jsonl, step_floor_builtin.{json,md}
@@ -77,7 +79,7 @@
 # R_LENGTHS, R7_BATCHES, R7_LENGTHS; PROFILE_VARIANTS; ATTN7_TILINGS; OLD_TILINGS; BEST and BEST7 (a tiling instead
 # of the chosen one; METHODS, METHODS7 and PROFILE_VARIANTS spell them BEST and BEST7, as in ours@BEST).
 # TINY=1: the tiny random shape and small sizes, which run on a CPU (kernel, update, sampling, attention, decode-step,
-# rollouts, rollouts-7b, checks, profile-step; the GPU tests and varlen_check are skipped without CUDA).
+# rollouts, rollouts-7b, checks, prefill, profile-step; the GPU tests and varlen_check are skipped without CUDA).
 #
 # Not device parts: the fault probes (`python bench/fault_probes.py --out DIR`, CPU, 7–12 min) and a campaign's
 # reproducibility (`python bench/campaign_repro.py RUN_A RUN_B`); bench/kernel_resources.py counts a tiling's
@@ -86,7 +88,7 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 VLLM_USE_FLASHINFER_SAMPLER=0 OPD_DATA_DIR=${OPD_DATA_DIR:-.device/data}
 
 usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; }
-PARTS=(kernel update sampling attention decode-step gemm rollouts rollouts-7b checks vllm-smoke step colocated
+PARTS=(kernel update sampling attention decode-step gemm rollouts rollouts-7b checks vllm-smoke prefill step colocated
        step-vllm step-floor profile-step source-step vllm-stash vllm-install)
 if [ $# = 0 ] || [ "$1" = -h ] || [ "$1" = --help ]; then usage; [ $# = 0 ] && exit 2 || exit 0; fi
 for p in "$@"; do
@@ -329,6 +331,13 @@ floors() {   # floors METRICS TAG
   rm -f "$LOG/step-floor$2.log"
   measure "step-floor$2" "$(lim 150)" cat python3 bench/step_floor.py "$1" --shape qwen2.5-1.5b \
     --json "$OUT/step_floor$2.json" && cp "$LOG/step-floor$2.log" "$OUT/step_floor$2.md"
+}
+
+part_prefill() {
+  local data=${OPD_DATA_DIR:-.device/data}/math_train.jsonl tiny=()
+  tokenizer
+  [ "$TINY" = 1 ] && tiny=(--shape tiny --steps 2 --reps 1)
+  measure prefill "$(lim 200)" cat python3 bench/prefill.py --data "$data" "${tiny[@]}" --out "$OUT/prefill.json"
 }
 
 part_step() {

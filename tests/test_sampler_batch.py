@@ -125,6 +125,50 @@ def test_shared_prefill_samples_equal_a_teacher_forced_reference(tiny, mode, T, 
     assert_teacher_forced(model, prompts, seeds, outs, T, top_p, mode)
 
 
+# --- packed prefill: the distinct prompts end to end in one row, no padding ---
+
+@pytest.mark.parametrize("config", [{}, V2], ids=["cpu", "v2"])
+@pytest.mark.parametrize("slots", [18, 4], ids=["one-batch", "refills-split"])
+@pytest.mark.parametrize("share", [True, False], ids=["shared", "per-request"])
+@pytest.mark.parametrize("mode,T,top_p", DRAWS[:3], ids=[f"{m}-T{t}-p{p}" for m, t, p in DRAWS[:3]])
+def test_packed_prefill_draws_what_the_padded_prefill_draws(tiny, config, slots, share, mode, T, top_p):
+    """Each request's tokens are the right-padded prefill's, its log-probs within 1e-5 (GEMMs over Σ L rows instead
+    of U × L_max may round differently), with prompts shared or not, in one batch or in refills; the packed pass
+    forwards Σ L tokens where the padded one forwards U × L_max. A packed K/V row written one position off, to
+    another request's slot, or with the rotary positions running on across prompts draws other tokens."""
+    _, model = tiny
+    prompts, seeds = requests("interleaved")
+    kw = dict(slots=slots, share=share, T=T, top_p=top_p, mode="fast" if mode == "greedy" else mode, **config)
+    packed, dec = decode(model, prompts, seeds, packed_prefill=True, **kw)
+    padded, ref = decode(model, prompts, seeds, packed_prefill=False, **kw)
+    assert [ids for ids, _ in packed] == [ids for ids, _ in padded]
+    assert max(abs(a - b) for (_, x), (_, y) in zip(packed, padded) for a, b in zip(x, y)) < 1e-5
+    assert dec.prefill_rows == ref.prefill_rows
+    if slots == 18:                                # one pass: Σ L of the prompts forwarded against U × L_max
+        forwarded = {tuple(p): len(p) for p in prompts} if share else {i: len(p) for i, p in enumerate(prompts)}
+        assert dec.prefill_tokens_run == sum(forwarded.values())
+        assert ref.prefill_tokens_run == len(forwarded) * max(forwarded.values())
+
+
+def test_packed_prefill_writes_each_prompts_kv_where_the_padded_one_does(tiny):
+    """After the prefill alone, every slot's cache rows [0, L) hold its prompt's K and V as the padded pass wrote
+    them (to 1e-5), and the draws' inputs agree: the packed row's K/V scattered to the right (slot, position)."""
+    _, model = tiny
+    prompts, seeds = requests("interleaved")
+    caches = []
+    for packed in (True, False):
+        dec = Decoder(model, slots=len(prompts), max_len=20, max_new_tokens=MAX_NEW, stop_ids=[0], mode="fast",
+                      packed_prefill=packed)
+        dec.greedy, dec.use_top_p = True, False                         # what run() sets before its first prefill
+        dec._prefill(list(range(len(prompts))), prompts, seeds)
+        caches.append((dec.k, dec.v, dec.tok_S.clone(), dec.pos_S.clone()))
+    (k1, v1, tok1, pos1), (k2, v2, tok2, pos2) = caches
+    assert torch.equal(tok1, tok2) and torch.equal(pos1, pos2)
+    for s, p in enumerate(prompts):
+        for a, b in zip(k1 + v1, k2 + v2):
+            assert torch.allclose(a[s, :, :len(p)], b[s, :, :len(p)], atol=1e-5), (s, len(p))
+
+
 # --- the KV budget ---
 
 def test_slot_bytes_covers_what_a_decoder_allocates_per_slot(tiny):

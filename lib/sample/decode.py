@@ -1,8 +1,12 @@
 """The built-in decoder: a Hugging Face Llama / Qwen2-style causal LM sampled by a loop that owns its KV cache.
 
-    prefill   waiting prompts, right-padded, in one batched forward pass per refill; their K/V go into free slots.
-              A prompt that several requests share (03's n rollouts of one prompt) is forwarded once and its K/V
-              copied into each of their slots; each request still draws its first token with its own seed
+    prefill   waiting prompts in one forward pass per refill; their K/V go into free slots. A prompt that several
+              requests share (03's n rollouts of one prompt) is forwarded once and its K/V copied into each of their
+              slots; each request still draws its first token with its own seed. The distinct prompts are laid end
+              to end in one row (`packed_prefill`, the CUDA default: lib/kernels/varlen.py's attention keeps each
+              prompt to itself), or right-padded to the longest (CPU): padded, a step's 64 training prompts of
+              60–830 tokens cost 64 × the longest, 2.5–5× their sum, and the step's generation time followed the
+              longest prompt of the step
     decode    one token for every slot: forward (S, 1) → draw (lib/sample/draw.py) → stop / cap bookkeeping, all on
               device; on CUDA each step is one replay of a captured CUDA graph (no host sync, no Python per kernel)
     refill    every `sync_every` steps the host reads which slots finished, collects them and, once ≥ 1/8 of the
@@ -44,6 +48,12 @@ from lib.sample.draw import draw_tokens, split_seeds
 SUPPORTED = ("qwen2", "llama", "qwen3")
 
 
+def _ramps(lens: torch.Tensor) -> torch.Tensor:
+    """[0, 1, …, L_0 − 1, 0, 1, …, L_1 − 1, …]: each length's positions, end to end."""
+    ends = lens.cumsum(0)
+    return torch.arange(int(ends[-1]), device=lens.device) - torch.repeat_interleave(ends - lens, lens)
+
+
 def runs(model) -> bool:
     """Whether this decoder runs `model`: a full-attention decoder of a SUPPORTED type (lib/sample/engine.py falls
     back to transformers' generate for any other, lib/sample/generate_fallback.py)."""
@@ -82,7 +92,8 @@ class Decoder:
                  kv_bucket: int | None = None, prefill_tokens: int = 65_536, attn_impl: str | None = None,
                  fuse: bool | None = None, fuse_gemms: bool | None = None, compile_step: bool | str | None = None,
                  attn_opts: dict | None = None, draw_blocked: bool | None = None,
-                 compile_draw: bool | str | None = None, gemm_opts: dict | None = None, share_prefill: bool = True):
+                 compile_draw: bool | str | None = None, gemm_opts: dict | None = None, share_prefill: bool = True,
+                 packed_prefill: bool | None = None):
         cfg = model.config
         if not runs(model):
             raise TypeError(f"lib.sample.decode runs full-attention {SUPPORTED} decoders; {type(model).__name__} "
@@ -97,6 +108,8 @@ class Decoder:
         self.sync_every, self.kv_bucket = sync_every or (16 if cuda else 1), kv_bucket or (256 if cuda else 1)
         self.refill_min = max(1, slots // 8)
         self.share_prefill, self.prefill_rows = share_prefill, 0     # rows forwarded by prefills so far (tests, logs)
+        self.packed_prefill = cuda if packed_prefill is None else packed_prefill
+        self.prefill_tokens_run = 0                                  # tokens forwarded by prefills, padding included
         pow2, self.prefill_tokens = self.D >= 16 and not self.D & (self.D - 1), prefill_tokens
         self.attn_impl = attn_impl or ("sdpa" if not cuda else "triton" if pow2 else "matmul")
         self.eps, self.silu = cfg.rms_norm_eps, getattr(cfg, "hidden_act", None) == "silu"
@@ -166,6 +179,36 @@ class Decoder:
             x = x + attn.o_proj(o.transpose(1, 2).reshape(U, T, self.H * self.D))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         last = x[torch.arange(U, device=x.device), lens_U - 1]           # (U, E): each prompt's last position
+        return self.model.lm_head(self.model.model.norm(last)).index_select(0, rows_B)
+
+    def _forward_prefill_packed(self, prompts_U: list[list[int]], slots_B, rows_B):
+        """`_forward_prefill` without padding: the U distinct prompts end to end in one (1, Σ L) row, rotary
+        positions restarting at 0 at each, attention within each prompt (lib/kernels/varlen.py: FlashAttention's
+        varlen kernel on CUDA, one causal SDPA per prompt elsewhere). Request b's K/V (prompt row rows_B[b]'s) go to
+        positions [0, L) of slot slots_B[b]; returns the last prompt token's logits per request (B, V)."""
+        from lib.kernels import varlen
+        dev, lens = self.device, [len(p) for p in prompts_U]
+        cu = varlen.cu_seqlens(lens).to(dev)                               # (U + 1,) int32 boundaries
+        lens_U, start_U = torch.tensor(lens, device=dev), cu[:-1].long()
+        ids = torch.tensor([t for p in prompts_U for t in p], device=dev)[None]          # (1, Σ L)
+        pos = _ramps(lens_U)                                               # (Σ L,) restarting at 0 at each prompt
+        # where each request's prompt tokens go: (slot, position) ← packed index, Σ_b L_{rows_B[b]} entries
+        lens_B = lens_U.index_select(0, rows_B)
+        dst_slot, dst_pos = torch.repeat_interleave(slots_B, lens_B), _ramps(lens_B)
+        src = torch.repeat_interleave(start_U.index_select(0, rows_B), lens_B) + dst_pos
+        x = self.model.model.embed_tokens(ids)                             # (1, Σ L, E)
+        cos, sin = self.cos[pos], self.sin[pos]                            # (Σ L, D)
+        for l, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            q, k, v = self._qkv(attn, layer.input_layernorm(x), 1, ids.shape[1])          # (1, H|H_kv, Σ L, D)
+            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+            self.k[l][dst_slot, :, dst_pos] = k[0].index_select(1, src).transpose(0, 1)   # (M, H_kv, D)
+            self.v[l][dst_slot, :, dst_pos] = v[0].index_select(1, src).transpose(0, 1)
+            o, _ = varlen.attention(attn, q, k, v, None, scaling=attn.scaling, cu_seq_lens_q=cu,
+                                    max_length_q=max(lens))                # (1, Σ L, H, D)
+            x = x + attn.o_proj(o.reshape(1, -1, self.H * self.D))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        last = x[0].index_select(0, cu[1:].long() - 1)                     # (U, E): each prompt's last token
         return self.model.lm_head(self.model.model.norm(last)).index_select(0, rows_B)
 
     def _attend(self, q, k, v, mask, scale):
@@ -271,24 +314,36 @@ class Decoder:
     def _prefill(self, slots: list[int], prompts: list[list[int]], seeds: list[int]):
         """Prefill the requests into `slots`, each distinct prompt forwarded ONCE (`share_prefill`; else every request
         its own row) and its K/V copied into the slots of every request that holds it, in passes of ≤ prefill_tokens
-        padded tokens of distinct prompts. Each request's first token is drawn at step 0 from its prompt's logits with
-        its own seed, so a request draws what it would draw prefilled alone (its logits are the same numbers, up to
-        the GEMMs' rounding at another row count)."""
+        tokens of distinct prompts (padded: the padding counted). Each request's first token is drawn at step 0 from
+        its prompt's logits with its own seed, so a request draws what it would draw prefilled alone (its logits are
+        the same numbers, up to the rounding of the GEMMs and the attention kernel at another shape)."""
         rows: dict[tuple, int] = {}                                        # distinct prompt → its row
         row_of = [rows.setdefault(tuple(p), len(rows)) if self.share_prefill else i for i, p in enumerate(prompts)]
         uniq = [list(p) for p in rows] if self.share_prefill else prompts
         a = 0
         while a < len(uniq):                                               # a pass: distinct prompts [a, a + n)
-            n = max(1, self.prefill_tokens // max(len(p) for p in uniq[a:]))
+            if self.packed_prefill:                                        # ≤ prefill_tokens tokens, at least one
+                n, total = 1, len(uniq[a])
+                while a + n < len(uniq) and total + len(uniq[a + n]) <= self.prefill_tokens:
+                    total += len(uniq[a + n])
+                    n += 1
+            else:                                                          # ≤ prefill_tokens padded tokens
+                n = max(1, self.prefill_tokens // max(len(p) for p in uniq[a:]))
             ps, lo_u, a = uniq[a:a + n], a, a + n
             mine = [b for b, r in enumerate(row_of) if lo_u <= r < a]      # the requests of this pass's prompts
             T = max(len(p) for p in ps)
-            ids = torch.tensor([p + [0] * (T - len(p)) for p in ps], device=self.device)     # (U, T) right-padded
             lens = torch.tensor([len(p) for p in ps], device=self.device)
             rows_b = torch.tensor([row_of[b] - lo_u for b in mine], device=self.device)
             slot_t = torch.tensor([slots[b] for b in mine], device=self.device)
             lo, hi = split_seeds([seeds[b] for b in mine], self.device)
-            tok, lp = self._draw(self._forward_prefill(ids, lens, slot_t, rows_b), lo, hi, 0, trim=True)
+            if self.packed_prefill:
+                logits = self._forward_prefill_packed(ps, slot_t, rows_b)
+                self.prefill_tokens_run += sum(len(p) for p in ps)
+            else:
+                ids = torch.tensor([p + [0] * (T - len(p)) for p in ps], device=self.device)     # (U, T) right-padded
+                logits = self._forward_prefill(ids, lens, slot_t, rows_b)
+                self.prefill_tokens_run += len(ps) * T
+            tok, lp = self._draw(logits, lo, hi, 0, trim=True)
             self.prefill_rows += len(ps)
             self.lo_S[slot_t], self.hi_S[slot_t], self.tok_S[slot_t] = lo, hi, tok
             self.pos_S[slot_t] = lens.index_select(0, rows_b)             # the next write position: the prompt's length
