@@ -8,7 +8,8 @@ median ≈ 130 tokens, up to the 768 cap), so the longest prompt of a step, not 
 For each of the first --steps steps of 03's prompt order (the data shuffled once with seed 42, prompts over
 --max-prompt-len dropped, as 03 does with --drop-overlong), both variants prefill the step's B × n requests into
 B × n slots: --reps timed passes after one warm-up, each a whole `Decoder._prefill` (host work, the forward, the
-K/V copies and the first draw) between device syncs. Prints the tokens each variant forwards and its milliseconds.
+K/V copies and the first draw) between device syncs. Prints the tokens each variant forwards, its milliseconds,
+and how far apart the two variants' results are (first tokens, their log-probs, the K/V written: bf16 rounding).
 Random weights of a real shape (lib/shapes.py); the prompts are the real tokenized ones (lengths are what matter).
 
     python3 bench/prefill.py --data .device/data/math_train.jsonl --out /tmp/prefill.json       # GPU, 1.5B shape
@@ -104,8 +105,9 @@ def main(argv=None):
         d.greedy, d.use_top_p = False, False                     # what run() sets for 03's T = 1 rollouts
     print(f"prefill of {args.prompts} prompts × {args.rollouts} requests into {S} slots, shape {args.shape}, "
           f"{results['device']}")
-    print("| step | longest | Σ prompt tokens | padded tokens | packed ms | padded ms | padded / packed |")
-    print("|---|---|---|---|---|---|---|")
+    print("| step | longest | Σ prompt tokens | padded tokens | packed ms | padded ms | padded / packed | first tokens "
+          "equal | max Δ first log-prob | max Δ K/V (layer 0 K, last V) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     with torch.no_grad():
         for i, ps in enumerate(steps, 1):
             prompts = [p for p in ps for _ in range(args.rollouts)]
@@ -116,10 +118,18 @@ def main(argv=None):
                 timed_prefill(dec, prompts, seeds, cuda)                       # warm-up (kernels for this shape)
                 row[f"{name}_s"] = statistics.median(timed_prefill(dec, prompts, seeds, cuda)
                                                      for _ in range(args.reps))
+            # the two variants' results after the step's last pass: first tokens, their log-probs, the K/V written
+            a, b = decs["packed"], decs["padded"]
+            row["first_tokens_equal"] = int((a.tok_S == b.tok_S).sum())
+            row["first_logprob_max_diff"] = float((a.out_lp_SN[:, 0] - b.out_lp_SN[:, 0]).abs().max())
+            row["kv_max_diff"] = max(float((x[r, :, :len(p)].float() - y[r, :, :len(p)].float()).abs().max())
+                                     for x, y in ((a.k[0], b.k[0]), (a.v[-1], b.v[-1]))
+                                     for r, p in enumerate(prompts))
             results["steps"].append(row)
             print(f"| {i} | {row['longest']} | {row['tokens']:,} | {row['padded_tokens']:,} | "
                   f"{row['packed_s'] * 1e3:.1f} | {row['padded_s'] * 1e3:.1f} | "
-                  f"{row['padded_s'] / row['packed_s']:.2f}× |", flush=True)
+                  f"{row['padded_s'] / row['packed_s']:.2f}× | {row['first_tokens_equal']}/{len(prompts)} | "
+                  f"{row['first_logprob_max_diff']:.2g} | {row['kv_max_diff']:.2g} |", flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1))
 
