@@ -9,7 +9,11 @@ For each of the first --steps steps of 03's prompt order (the data shuffled once
 --max-prompt-len dropped, as 03 does with --drop-overlong), both variants prefill the step's B × n requests into
 B × n slots: --reps timed passes after one warm-up, each a whole `Decoder._prefill` (host work, the forward, the
 K/V copies and the first draw) between device syncs. Prints the tokens each variant forwards, its milliseconds,
-and how far apart the two variants' results are (first tokens, their log-probs, the K/V written: bf16 rounding).
+and how far apart the two variants' results are: the K/V they wrote (max difference over the largest value, first
+and last layer) and the first tokens drawn. A random model's next-token distribution is nearly uniform over 151,936
+ids (entropy 11.6 nats), so at T = 1 any rounding difference redraws most first tokens: that column is not a check.
+What checks the packed prefill on the device is 03's `rollout/logprob_gap` (the sampler's log-probs of its 400 tokens
+against the scorer's, every one conditioned on the prompt's K/V).
 Random weights of a real shape (lib/shapes.py); the prompts are the real tokenized ones (lengths are what matter).
 
     python3 bench/prefill.py --data .device/data/math_train.jsonl --out /tmp/prefill.json       # GPU, 1.5B shape
@@ -106,7 +110,7 @@ def main(argv=None):
     print(f"prefill of {args.prompts} prompts × {args.rollouts} requests into {S} slots, shape {args.shape}, "
           f"{results['device']}")
     print("| step | longest | Σ prompt tokens | padded tokens | packed ms | padded ms | padded / packed | first tokens "
-          "equal | max Δ first log-prob | max Δ K/V (layer 0 K, last V) |")
+          "equal | K/V max diff / max: layer 0 K | last layer V |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     with torch.no_grad():
         for i, ps in enumerate(steps, 1):
@@ -121,15 +125,15 @@ def main(argv=None):
             # the two variants' results after the step's last pass: first tokens, their log-probs, the K/V written
             a, b = decs["packed"], decs["padded"]
             row["first_tokens_equal"] = int((a.tok_S == b.tok_S).sum())
-            row["first_logprob_max_diff"] = float((a.out_lp_SN[:, 0] - b.out_lp_SN[:, 0]).abs().max())
-            row["kv_max_diff"] = max(float((x[r, :, :len(p)].float() - y[r, :, :len(p)].float()).abs().max())
-                                     for x, y in ((a.k[0], b.k[0]), (a.v[-1], b.v[-1]))
-                                     for r, p in enumerate(prompts))
+            for key, x, y in (("k0", a.k[0], b.k[0]), ("v_last", a.v[-1], b.v[-1])):
+                xs = torch.cat([x[r, :, :len(p)].flatten() for r, p in enumerate(prompts)]).float()
+                ys = torch.cat([y[r, :, :len(p)].flatten() for r, p in enumerate(prompts)]).float()
+                row[f"kv_rel_diff_{key}"] = float((xs - ys).abs().max() / ys.abs().max())
             results["steps"].append(row)
             print(f"| {i} | {row['longest']} | {row['tokens']:,} | {row['padded_tokens']:,} | "
                   f"{row['packed_s'] * 1e3:.1f} | {row['padded_s'] * 1e3:.1f} | "
                   f"{row['padded_s'] / row['packed_s']:.2f}× | {row['first_tokens_equal']}/{len(prompts)} | "
-                  f"{row['first_logprob_max_diff']:.2g} | {row['kv_max_diff']:.2g} |", flush=True)
+                  f"{row['kv_rel_diff_k0']:.2g} | {row['kv_rel_diff_v_last']:.2g} |", flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1))
 

@@ -11,7 +11,9 @@ lengths, n = 3 requests per prompt:
 - the KV budget: HFEngine's slot count = min(requests, (free − reserve − prefill workspace) // slot_bytes), the
   reserve function called when the cache is sized, the choice printed once, the decoder kept while it fits; a
   memory-bound sampler draws what an unbounded one draws; slot_bytes covers what a Decoder allocates per slot;
-- 03's wiring: --sampler-slots fixes the count (no budget), sampler_reserve's cases.
+- 03's wiring: --sampler-slots fixes the count (no budget), sampler_reserve's cases;
+- packed prefill (the CUDA default) = right-padded prefill, draws and the K/V written; a held longer cache serves a
+  shorter call, drawing what a shorter one draws.
 """
 from __future__ import annotations
 
@@ -228,6 +230,28 @@ def test_budget_sizes_slots_from_free_memory_and_says_so_once(tiny, capsys):
     eng4, _ = budget_engine(tiny, free=0, reserve=0)
     assert [c.token_ids for c in sample(eng4, prompts, seeds, **kw)] == [c.token_ids for c in bound]
     assert eng4.decoder.S == 1
+
+
+@pytest.mark.parametrize("config", [{}, V2], ids=["cpu", "v2"])
+def test_a_held_longer_cache_serves_shorter_calls(tiny, config):
+    """03's steps alternate between longest prompts either side of a multiple of the cache rounding: the decoder
+    built for the longer call is kept for a shorter one (its cache, CUDA graphs and compiled blocks), drawing what a
+    decoder sized for the shorter call draws; a call longer than the held cache still gets a new, longer one."""
+    tok, model = tiny
+    prompts, seeds = requests("grouped")                     # longest 12 + 7 new: a 64-position cache off CUDA
+    kw = dict(temperature=1.0, top_p=1.0, max_new_tokens=MAX_NEW, progress=False)
+    eng = HFEngine(model, tok, batch_size=4, mode="fast", decoder_options=config)
+    sample(eng, [list(range(3, 73))] * 4, [1, 2, 3, 4], **kw)                   # 70 + 7: a 128-position cache
+    dec = eng.decoder
+    held = sample(eng, prompts, seeds, **kw)
+    assert eng.decoder is dec and dec.T == 128
+    fresh = HFEngine(model, tok, batch_size=4, mode="fast", decoder_options=config)
+    alone = sample(fresh, prompts, seeds, **kw)
+    assert fresh.decoder.T == 64
+    assert [c.token_ids for c in held] == [c.token_ids for c in alone]
+    assert max(abs(a - b) for x, y in zip(held, alone) for a, b in zip(x.logprobs, y.logprobs)) < 1e-6
+    sample(eng, [list(range(3, 133))] * 4, [1, 2, 3, 4], **kw)                  # 130 + 7: longer than held
+    assert eng.decoder is not dec and eng.decoder.T == 192
 
 
 def test_no_reserve_keeps_fixed_slots_and_cpu_ignores_the_budget(tiny):

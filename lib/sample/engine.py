@@ -45,7 +45,8 @@ def _eval_mode(model):
 
 class HFEngine:
     """The built-in sampler: lib/sample/decode.py's Decoder over `batch_size` slots, kept between calls (its cache and
-    CUDA graphs are reused while the slot count, cache length and cap stay the same; `sleep()` frees them).
+    CUDA graphs are reused while the slot count and cap stay the same and its cache is long enough; `sleep()` frees
+    them).
 
     `kv_reserve` (bytes, or a function returning them, called when the decoder is built) sizes the slots from memory
     on CUDA: every request of a call in one batch (up to `batch_size`, None = no cap) where the KV budget allows, else
@@ -128,6 +129,11 @@ class HFEngine:
     def _decoder(self, n: int, longest_prompt: int, max_new_tokens: int) -> Decoder | GenerateDecoder:
         round_to = 256 if next(self.model.parameters()).is_cuda else 64      # cache lengths shared across calls
         T = -(-(longest_prompt + max_new_tokens) // round_to) * round_to
+        if self.decoder_key and self.decoder_key[2] == max_new_tokens and self.decoder_key[1] > T:
+            # the held, longer cache serves this call: attention reads each slot's live length, so a longer cache
+            # costs memory, not time, where a rebuild costs new CUDA graphs (03's steps, whose longest prompt
+            # moves around a multiple of 256, rebuilt one every other step: 0.1-0.4 s of generation each time)
+            T = self.decoder_key[1]
         want = n if self.batch_size is None else min(self.batch_size, n)
         key = (want, T, max_new_tokens)
         if self.kv_reserve is not None and runs(self.model):   # slots from memory: keep the held decoder if it fits
