@@ -35,7 +35,7 @@ MAX_LINE = 120
 PLUMBING, RESOLVERS = "plumbing", {"lib.models", "lib.benchmarks"}
 ROOMS = {
     "lib.kernels": set(),
-    "lib.sample": set(),
+    "lib.sample": {"lib.kernels"},
     "lib.train": {PLUMBING, "lib.kernels"},
     "lib.report": {PLUMBING, "lib.train.collapse"},
     "lib.eval": {PLUMBING, *RESOLVERS, "lib.report"},

@@ -10,6 +10,7 @@
     draw.py            the exact, counter-seeded token draw (temperature, top-p)
     generate_fallback.py  transformers' `generate` for architectures decode.py does not run (named in the log)
 
-May import: nothing of the project outside lib/sample/ (torch, transformers, Triton and, lazily, vLLM), so the
-sampler is one folder to read and to swap.
+May import: lib/kernels/ (the packed prefill's varlen attention, varlen.py) and nothing else of the project (torch,
+transformers, Triton and, lazily, vLLM), so the sampler is one folder to read and to swap; lib/kernels/ imports nothing
+of the project, so the stack stays one-way.
 """
