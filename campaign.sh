@@ -4,8 +4,9 @@
 #   bash campaign.sh                                   # the toy world on this CPU (the default) → runs/toy/report/
 #   PAIR=openthinker NPROC=4 BACKEND=vllm bash campaign.sh                 # a real pair on 4 GPUs
 #   SEEDS="42 1 2 3" JOBS=1 bash campaign.sh           # seeds per reward (toy: "42 1 2"), runs at once (toy: 2)
-#   COLLAPSE_ARM=all bash campaign.sh                  # the toy's collapse arm with every fix (DESIGN.md §10), not
-#                                                      # only raw and --eos-policy neutral; COLLAPSE_ARM=0: without it
+#   COLLAPSE_ARM=all bash campaign.sh                  # the toy's collapse arm with every fix for every seed
+#                                                      # (DESIGN.md §10; default: the other five fixes for the first
+#                                                      # seed only); COLLAPSE_ARM=0: without it
 #
 # Every stage skips what is already done (finished eval units, finished training runs) and refuses files whose
 # hashes no longer match their manifest, so a killed campaign is continued by running the same command again.
@@ -135,11 +136,12 @@ wait_all
 COLLAPSE_ARM=${COLLAPSE_ARM:-default}
 if [ "$PAIR" = toy ] && [ "$COLLAPSE_ARM" != 0 ]; then
   echo "== 3b. the collapse arm: Direct-OPD on toy-collapse (π_post has unlearned its stop token), raw and fixes =="
-  # DESIGN.md §10. By default the raw condition and the fix that holds in every seed (--eos-policy neutral), 6 runs;
-  # COLLAPSE_ARM=all adds the other fixes (15 runs more). One run name per condition and seed; 05 pools only runs of
-  # identical settings (lib/report/conditions.py). The learning rates are lib/registry.py's TOY_COLLAPSE_LR /
-  # TOY_COLLAPSE_LOW_LR (its hypotheses select the conditions by them); the caps are the student toy-long's (64
-  # response tokens). The raw condition's last checkpoints are evaluated: a collapsed student's truncated samples, and
+  # DESIGN.md §10. By default the raw condition and --eos-policy neutral for every seed, and the other five fixes for
+  # the first seed only (11 runs): enough for the report to say which fixes did not prevent the collapse, within the
+  # campaign's time; COLLAPSE_ARM=all runs every fix for every seed (21 runs). One run name per condition and seed;
+  # 05 pools only runs of identical settings (lib/report/conditions.py). The learning rates are lib/registry.py's
+  # TOY_COLLAPSE_LR / TOY_COLLAPSE_LOW_LR (its hypotheses select the conditions by them); the caps are the student
+  # toy-long's (64 response tokens). The raw condition's last checkpoints are evaluated: a collapsed student's truncated samples, and
   # whether they still hold its answer (source §8.3). 20 steps of 16 prompts × 4: every raw seed collapses (onset at
   # step 2 / 9 / 6) in 5 min for the arm's 6 runs; 30 of 32 × 4 collapsed too but took 11 min.
   COLLAPSE_FLAGS=(--pair toy-collapse --reward delta-topk --steps 20 --batch-prompts 16 --lr 2e-3 --save-every 20
@@ -148,15 +150,16 @@ if [ "$PAIR" = toy ] && [ "$COLLAPSE_ARM" != 0 ]; then
     "raw:"
     "eos-neutral:--eos-policy neutral"
   )
-  if [ "$COLLAPSE_ARM" = all ]; then
-    COLLAPSE_CONDITIONS+=(
-      "eos-clamp:--eos-policy clamp"
-      "center:--reward-center"
-      "stop-on-collapse:--stop-on-collapse"
-      "kl-max:--kl-mode constant --kl-coef 2.5"
-      "low-lr:--lr 4e-4"
-    )
-  fi
+  OTHER_FIXES=(
+    "eos-clamp:--eos-policy clamp"
+    "center:--reward-center"
+    "stop-on-collapse:--stop-on-collapse"
+    "kl-max:--kl-mode constant --kl-coef 2.5"
+    "low-lr:--lr 4e-4"
+  )
+  read -ra FIRST_SEED <<< "$SEEDS"   # the default runs the other fixes for ${FIRST_SEED[0]} only
+  OTHER_SEEDS=${FIRST_SEED[0]}
+  [ "$COLLAPSE_ARM" = all ] && OTHER_SEEDS=$SEEDS
   collapse_run() {   # CONDITION SEED: one run, train/collapse-<condition>[-seed<S>]; a raw run's last checkpoint eval
     local COND=${1%%:*} FLAGS=${1#*:} SEED=$2 NAME OUT CKPT
     NAME=$(run_name "collapse-$COND" "$SEED")
@@ -176,6 +179,11 @@ if [ "$PAIR" = toy ] && [ "$COLLAPSE_ARM" != 0 ]; then
   }
   for CONDITION in "${COLLAPSE_CONDITIONS[@]}"; do
     for SEED in $SEEDS; do
+      spawn "$(run_name "collapse-${CONDITION%%:*}" "$SEED")" collapse_run "$CONDITION" "$SEED"
+    done
+  done
+  for CONDITION in "${OTHER_FIXES[@]}"; do
+    for SEED in $OTHER_SEEDS; do
       spawn "$(run_name "collapse-${CONDITION%%:*}" "$SEED")" collapse_run "$CONDITION" "$SEED"
     done
   done
