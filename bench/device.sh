@@ -56,7 +56,7 @@
 #                 source_step_train.log
 #   step-floor    each phase of a step against its floor (bench/step_floor.py) on METRICS, default the metrics the
 #                 step part (else the colocated part) wrote in $OUT → step_floor.{json,md}
-#   profile-step  03's scoring and update per kernel class, padded and packed (bench/profile_step.py)
+#   profile-step  03's scoring and update per kernel class, packed, update micro-batch 16 and 32 (bench/profile_step.py)
 #                 → profile_step.json
 #   vllm-stash    offline vLLM, part 1: copy the wheel chunks carried in $VW/*/ (default .vw) into $VW_STORE
 #                 (default /root/vwstore), which outlives the call on a warm machine. A call carries ≤ 64 MiB, so
