@@ -1,0 +1,257 @@
+"""bench/nostop_probe.py — the collapse arm with another π_post: π_pre whose stop token alone was unlearned.
+
+The arm's π_post-nostop (lib/toy/builder.py) is an SFT of π_pre on solutions whose stop token was replaced by the
+answer line repeated to the cap. That SFT moves more than the stop token, so this probe measures the idealised
+alternative a reader would ask about (DESIGN.md §10): π_post-stoprow, equal to π_pre in every logit but the stop
+token's. It is π_pre with its output layer untied from the embedding and only the stop token's output row trained
+(AdamW, --row-steps steps of --row-batch sequences, lr --row-lr), toward π_pre conditioned on not stopping: at each
+completion position the target is π_pre's next-token distribution with the stop token removed and renormalised.
+Every other logit is π_pre's, so for any token x other than the stop token
+
+    Δ(x) = log π_post(x) − log π_pre(x) = −log(1 − p_pre(stop) + p_pre(stop) · exp(s_post − s_pre)) ≥ 0
+
+(s: the stop token's logit): ≈ 0 wherever π_pre does not want to stop, and −log(1 − p_pre(stop)) > 0 where it does.
+The training sequences are the student's own samples (T = 1, seeds 1 and 2) and π_pre's (seed 3) on toy_train, cap 64.
+
+Then, for every --seeds seed, the arm's raw and `--eos-policy neutral` conditions with campaign.sh's own
+COLLAPSE_FLAGS (read from campaign.sh, so the two cannot drift) and `--pi-post` set to π_post-stoprow, two at a time,
+and each raw run's last checkpoint evaluated at toy sample4 (04_eval.py). One row per seed: the step-1 weighted reward,
+the onset and peak clip ratio of both conditions, the token-mean reward over the raw run's last five steps (the sink),
+the accuracy, the truncation rate, and how often the FIRST answer line of a sample is right (did the student reach
+its answer before it looped?) against the last one, which the grader reads.
+
+    python bench/nostop_probe.py --out /tmp/nostop                  # CPU, the cached toy world; ~3 min a seed
+    python bench/nostop_probe.py --answer-lines runs/toy             # first / last answer line right, every collapse
+                                                                     # eval unit of a campaign (the arm's own π_post)
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import random
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from lib import cpu_repro  # noqa: E402,F401  (pins the CPU math, as every toy-world process does)
+from lib.data import prompt_ids  # noqa: E402
+from lib.toy import builder  # noqa: E402
+from lib.toy.task import STOP  # noqa: E402
+
+ANSWER = re.compile(r"Answer:\s*(-?\d+)")
+
+
+def collapse_flags() -> list[str]:
+    """campaign.sh's COLLAPSE_FLAGS array, as the campaign passes it to 03."""
+    text = (ROOT / "campaign.sh").read_text()
+    m = re.search(r"COLLAPSE_FLAGS=\((.*?)\)", text, re.S)
+    if m is None:
+        raise SystemExit("nostop_probe: campaign.sh has no COLLAPSE_FLAGS=( … ) array; update this probe")
+    return m.group(1).split()
+
+
+def samples(tok, models_seeds: list, rows: list[dict], cap: int) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, completion ids with its stop token if it stopped) of one T = 1 sample per row per (model, seed)."""
+    out = []
+    for model, seed in models_seeds:
+        for r, g in zip(rows, builder.generate(model, tok, rows, cap, sample_seed=seed)):
+            completion = tok(g["text"], add_special_tokens=False)["input_ids"]
+            out.append((prompt_ids(tok, r["problem"]), completion + ([tok.eos_token_id] if g["stopped"] else [])))
+    return out
+
+
+def batch(tok, seqs):
+    """Right-padded input ids, attention mask, and the mask of positions that predict a completion token."""
+    import torch
+    B, T = len(seqs), max(len(p) + len(c) for p, c in seqs)
+    ids = torch.full((B, T), tok.pad_token_id)
+    mask = torch.zeros(B, T, dtype=torch.long)
+    pred = torch.zeros(B, T, dtype=torch.bool)
+    for b, (p, c) in enumerate(seqs):
+        n = len(p) + len(c)
+        ids[b, :n], mask[b, :n] = torch.tensor(p + c), 1
+        pred[b, len(p) - 1:n - 1] = True
+    return ids, mask, pred
+
+
+def build_stoprow(pre, tok, seqs, steps: int, batch_size: int, lr: float, log=print):
+    """π_pre with an untied output layer whose stop-token row alone is trained toward π_pre without its stop token."""
+    import torch
+    stop = tok.eos_token_id
+    post = copy.deepcopy(pre)
+    post.config.tie_word_embeddings = False
+    post.lm_head.weight = torch.nn.Parameter(pre.model.embed_tokens.weight.detach().clone())
+    for p in post.parameters():
+        p.requires_grad_(False)
+    post.lm_head.weight.requires_grad_(True)
+    only_stop = torch.zeros_like(post.lm_head.weight)
+    only_stop[stop] = 1.0
+    opt = torch.optim.AdamW([post.lm_head.weight], lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    rng = random.Random(0)
+    for step in range(steps):
+        ids, mask, pred = batch(tok, rng.sample(seqs, batch_size))
+        with torch.no_grad():
+            target = pre(input_ids=ids, attention_mask=mask).logits.float()
+            target[..., stop] = float("-inf")
+            target = torch.softmax(target, -1)                       # π_pre conditioned on not stopping
+        logp = torch.log_softmax(post(input_ids=ids, attention_mask=mask).logits.float(), -1)
+        loss = -(target * logp).sum(-1)[pred].mean()
+        opt.zero_grad()
+        loss.backward()
+        post.lm_head.weight.grad.mul_(only_stop)                    # every other row stays π_pre's
+        opt.step()
+        if step % 100 == 0 or step == steps - 1:
+            log(f"  stop row step {step}: loss {loss.item():.4f}")
+    return post.eval()
+
+
+def shift_stats(pre, post, tok, seqs) -> dict:
+    """Δ on held-out student samples: on the stop token, and on every other sampled token."""
+    import torch
+    stop, on_stop, off_stop, logp_stop = tok.eos_token_id, [], [], []
+    with torch.no_grad():
+        for i in range(0, len(seqs), 50):
+            ids, mask, pred = batch(tok, seqs[i:i + 50])
+            a = torch.log_softmax(pre(input_ids=ids, attention_mask=mask).logits.float(), -1)[:, :-1]
+            b = torch.log_softmax(post(input_ids=ids, attention_mask=mask).logits.float(), -1)[:, :-1]
+            tgt, keep = ids[:, 1:], pred[:, :-1]
+            d = (b - a).gather(-1, tgt[..., None])[..., 0][keep]
+            is_stop = tgt[keep] == stop
+            on_stop += d[is_stop].tolist()
+            off_stop += d[~is_stop].tolist()
+            logp_stop += b[keep][is_stop][:, stop].tolist()
+    mean = lambda xs: sum(xs) / len(xs) if xs else None           # noqa: E731
+    return {"tokens": len(on_stop) + len(off_stop), "delta_at_stop_mean": mean(on_stop),
+            "delta_off_stop_mean": mean(off_stop), "delta_off_stop_abs_max": max(map(abs, off_stop)),
+            "logp_post_stop_at_stop_mean": mean(logp_stop)}
+
+
+def run(cmd: list[str], log: Path) -> subprocess.Popen:
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT)
+
+
+def first_and_last_right(samples_file: Path, gold: dict) -> tuple[float, float]:
+    """% of samples whose first / last `Answer: <int>` line holds the gold answer."""
+    first = last = n = 0
+    for line in samples_file.read_text().splitlines():
+        s = json.loads(line)
+        found = ANSWER.findall(s["completion"])
+        n += 1
+        first += bool(found) and int(found[0]) == gold[s["problem_id"]]
+        last += bool(found) and int(found[-1]) == gold[s["problem_id"]]
+    return 100.0 * first / n, 100.0 * last / n
+
+
+def answer_lines(campaign: Path) -> None:
+    """First / last answer line right for the initial student and every collapse-* eval unit of a campaign."""
+    gold = {json.loads(line)["id"]: int(json.loads(line)["answer"])
+            for line in (builder.build() / "data" / "toy_test.jsonl").read_text().splitlines()}
+    units = sorted(campaign.glob("evals/collapse-*/toy/sample4")) + sorted(
+        campaign.glob("evals/toy-student/toy/sample4"))
+    if not units:
+        raise SystemExit(f"nostop_probe: no collapse-* or toy-student toy/sample4 eval unit under {campaign}/evals")
+    for unit in units:
+        first, last = first_and_last_right(unit / "samples.jsonl", gold)
+        print(f"{unit.relative_to(campaign)}: first answer line right {first:.2f} %, last {last:.2f} %")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", type=Path)
+    p.add_argument("--answer-lines", type=Path, metavar="CAMPAIGN",
+                   help="only print the first / last answer line right of CAMPAIGN's collapse-* eval units")
+    p.add_argument("--seeds", type=int, nargs="+", default=[42, 1, 2])
+    p.add_argument("--row-steps", type=int, default=300)
+    p.add_argument("--row-batch", type=int, default=32)
+    p.add_argument("--row-lr", type=float, default=1e-2)
+    a = p.parse_args()
+    if a.answer_lines:
+        return answer_lines(a.answer_lines)
+    if a.out is None:
+        p.error("--out is required (or --answer-lines CAMPAIGN)")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    torch.manual_seed(0)
+    a.out.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    world = builder.build()
+    tok = AutoTokenizer.from_pretrained(world / "models" / "pre")
+    assert tok.eos_token == STOP, f"the toy tokenizer's stop token is {tok.eos_token!r}, not {STOP!r}"
+    pre = AutoModelForCausalLM.from_pretrained(world / "models" / "pre").float().eval()
+    student = AutoModelForCausalLM.from_pretrained(world / "models" / "student").float().eval()
+    rows = [json.loads(line) for line in (world / "data" / "toy_train.jsonl").read_text().splitlines()]
+    seqs = samples(tok, [(student, 1), (student, 2), (pre, 3)], rows, 64)
+    print(f"nostop_probe: {len(seqs)} training sequences ({time.monotonic() - t0:.0f} s)")
+    post = build_stoprow(pre, tok, seqs, a.row_steps, a.row_batch, a.row_lr)
+    post_dir = a.out / "post-stoprow"
+    post.save_pretrained(post_dir)
+    tok.save_pretrained(post_dir)
+    stats = shift_stats(pre, post, tok, samples(tok, [(student, 7)], rows[:200], 64))
+    print("nostop_probe: Δ on 200 held-out student samples: " + json.dumps({k: round(v, 4) for k, v in stats.items()}))
+
+    flags = collapse_flags() + ["--pi-post", str(post_dir), "--run-dir", str(a.out / "run")]
+    gold = {json.loads(line)["id"]: int(json.loads(line)["answer"])
+            for line in (world / "data" / "toy_test.jsonl").read_text().splitlines()}
+    ev = subprocess.run([sys.executable, "04_eval.py", "--run-dir", str(a.out / "run"), "--model", "toy-student",
+                         "--benchmark", "toy", "--protocol", "sample4", "--pair", "toy-collapse"],
+                        cwd=ROOT, capture_output=True, text=True)
+    if ev.returncode:
+        raise SystemExit(f"nostop_probe: 04 on the initial student failed: {ev.stderr.strip().splitlines()[-1]}")
+    unit = a.out / "run" / "evals" / "toy-student" / "toy" / "sample4"
+    first, last = first_and_last_right(unit / "samples.jsonl", gold)
+    initial = {"accuracy": json.loads((unit / "scores.json").read_text())["accuracy"],
+               "first_answer_right_pct": first, "last_answer_right_pct": last}
+    print(f"nostop_probe: the initial student: {json.dumps(initial)}")
+    results = []
+    for seed in a.seeds:
+        procs = {cond: run([sys.executable, "03_opd_train.py", *flags, "--seed", str(seed), "--run-name",
+                            f"{cond}-seed{seed}", *(["--eos-policy", "neutral"] if cond == "neutral" else [])],
+                           a.out / f"{cond}-seed{seed}.log") for cond in ("raw", "neutral")}
+        for cond, proc in procs.items():
+            if proc.wait():
+                raise SystemExit(f"nostop_probe: 03 {cond} seed {seed} failed; see {a.out}/{cond}-seed{seed}.log")
+        row = {"seed": seed}
+        for cond in ("raw", "neutral"):
+            run_dir = a.out / "run" / "train" / f"{cond}-seed{seed}"
+            metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+            summary = json.loads((run_dir / "summary.json").read_text())
+            row[cond] = {"step1_weighted_reward": metrics[0]["delta_opd/weighted_reward_mean"],
+                         "onset": summary["collapse_onset_step"],
+                         "peak_clip": max(m["response_length/clip_ratio"] for m in metrics),
+                         "last5_token_reward": sum(m["delta_opd/weighted_reward_token_mean"]
+                                                   for m in metrics[-5:]) / 5}
+        ckpt = sorted((a.out / "run" / "train" / f"raw-seed{seed}").glob("step_*"))[-1]
+        ev = subprocess.run([sys.executable, "04_eval.py", "--run-dir", str(a.out / "run"), "--model", str(ckpt),
+                             "--benchmark", "toy", "--protocol", "sample4", "--pair", "toy-collapse"],
+                            cwd=ROOT, capture_output=True, text=True)
+        if ev.returncode:
+            raise SystemExit(f"nostop_probe: 04 on {ckpt} failed: {ev.stderr.strip().splitlines()[-1]}")
+        unit = next((a.out / "run" / "evals").glob(f"raw-seed{seed}-step*/toy/sample4"))
+        scores = json.loads((unit / "scores.json").read_text())
+        first, last = first_and_last_right(unit / "samples.jsonl", gold)
+        row["raw_eval"] = {"accuracy": scores["accuracy"], "truncation_rate": scores["truncation_rate"],
+                           "first_answer_right_pct": first, "last_answer_right_pct": last,
+                           "example": json.loads((unit / "samples.jsonl").read_text().splitlines()[0])["completion"]}
+        results.append(row)
+        print(f"nostop_probe: seed {seed}: " + json.dumps(row, default=str))
+    out = {"shift": stats, "flags": flags, "initial_student": initial, "seeds": results,
+           "seconds": time.monotonic() - t0}
+    (a.out / "summary.json").write_text(json.dumps(out, indent=1))
+    print("| seed | step-1 weighted reward | raw onset / peak clip | sink token reward (last 5) | neutral onset / "
+          "peak clip | raw accuracy | truncated | first / last answer line right |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in results:
+        raw, neu, ev = r["raw"], r["neutral"], r["raw_eval"]
+        print(f"| {r['seed']} | {raw['step1_weighted_reward']:+.4f} | {raw['onset'] or '—'} / {raw['peak_clip']:.2f} | "
+              f"{raw['last5_token_reward']:+.3f} | {neu['onset'] or '—'} / {neu['peak_clip']:.2f} | "
+              f"{ev['accuracy']:.2f} % | {100 * ev['truncation_rate']:.1f} % | "
+              f"{ev['first_answer_right_pct']:.2f} / {ev['last_answer_right_pct']:.2f} % |")
+
+
+if __name__ == "__main__":
+    main()
