@@ -25,7 +25,8 @@
 #   rollouts      rollout tokens/s at the 1.5B shape (bench/rollout.py; B = 64, 256; 256+400 and 512+1024 tokens),
 #                 METHODS (default ours,vllm), REPEATS timed calls each. vLLM runs in this process, as 03 runs it
 #                 (VLLM_MODES has `inprocess`), then alone in its default configuration, its engine core in its own
-#                 process (`multiprocess`, --vllm-multiprocess). VLLM_FIRST=1 runs vLLM before ours.
+#                 process (`multiprocess`, --vllm-multiprocess). VLLM_FIRST=1 runs vLLM before ours. vLLM's prefix
+#                 cache is dropped before each timed call (`vllm_cached` in METHODS keeps it: the old yardstick).
 #                 → rollouts_15b_inprocess.jsonl, rollouts_15b_multiprocess.jsonl (rollouts_15b_old.jsonl with OLD)
 #   rollouts-7b   the same at the 7B shape, 512+1024 tokens (METHODS7, default ours@BEST7,vllm when the attention
 #                 part chose a 7B tiling, else ours,vllm) → rollouts_7b_inprocess.jsonl, rollouts_7b_multiprocess.jsonl

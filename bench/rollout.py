@@ -8,11 +8,16 @@ and ablations), vLLM and transformers `generate`, side by side in one process ru
 
 Every request has a prompt of P random ids and samples exactly N tokens (`--lengths P+N,…`) at T = 1, top-p = 1
 (the stop id is the vocabulary size, which no method can emit), so each method does B × N tokens of work.
-tokens/s = B × N / wall seconds of the whole call (prefill included), measured after one identical untimed call
-(vLLM's untimed call: the same requests, `--vllm-warmup-tokens` new tokens each); `--repeats K` times K calls in a
-row, one row each (`rep`), for the spread within one process. `--share n` gives the B requests B / n distinct
-prompts, each asked n times in a row, as 03 asks for a prompt's rollouts (ours prefills each once and copies its K/V
-into its n slots; vLLM's prefix cache may share them too); its rows carry `share`.
+tokens/s = B × N / wall seconds of the whole call (prefill included), measured after one identical untimed call (vLLM's
+untimed call: the same requests, `--vllm-warmup-tokens` new tokens each); `--repeats K` times K calls in a row, one row
+each (`rep`), for the spread within one process. vLLM keeps a prefix cache across calls, so a timed call would find
+every prompt the untimed call already prefilled and skip its prefill; the `vllm*` methods drop that cache before each
+timed call (`LLM.reset_prefix_cache()`, as 03 does after every weight push), so they prefill as ours does. `vllm_cached`
+keeps it: the yardstick of every vLLM row of this script from its first version (880d446) to 2026-12-03, kept for
+comparison. Each vLLM row carries `cached_prompt_tokens`, the prompt tokens its timed call took from the prefix cache
+(RequestOutput.num_cached_tokens). `--share n` gives the B requests B / n distinct prompts, each asked n times in a row,
+as 03 asks for a prompt's rollouts (ours prefills each once and copies its K/V into its n slots; vLLM's prefix cache may
+share them too); its rows carry `share`.
 
 Methods: `ours` (the decoder's CUDA defaults: fused q|k|v and gate|up GEMMs, compiled layer blocks, Triton split-K
 attention over the live length, the fast draw's two-level search, the draw compiled whole), `ours_prev` (the
@@ -24,6 +29,7 @@ methods and freed before the next shape; in this process, as lib/sample/vllm_eng
 `--vllm-multiprocess`; no seed, no log-probs) and its variants in VLLM_VARIANTS: `vllm_seeded` (as
 lib/sample/vllm_engine.py asks it to: a seed per request and the sampled token's raw log-prob), `vllm_seeded_nolp`
 (seeds, no log-probs), `vllm_seeded_lp4` (seeds, the log-prob on every 4th request only: 03's --logprob-gap-every),
+`vllm_cached` (`vllm` with the untimed call's prompts left in its prefix cache),
 `generate_static`, `generate_dynamic` (transformers). An ours* method followed by `@TILING` (bench/decode_attn.py's
 grammar, e.g. `ours@c256b64w4x`) runs with that attention tiling; followed by `%GEMMS` (bench/skinny_gemm.py's, e.g.
 `ours%qkv=n64k128s4w4`), with those GEMMs by lib/sample/skinny_gemm.py's Triton kernel. A method that fails prints a row
@@ -65,8 +71,10 @@ VARIANTS = {   # decoder options per method (mode + the switches lib/sample/deco
     "ours_autotune": dict(mode="fast", compile_step="max-autotune-no-cudagraphs"),
     "ours_eagerdraw": dict(mode="fast", compile_draw=False),
 }
-VLLM_VARIANTS = {   # vLLM method: (a seed per request, log-prob on every k-th request: 0 none, 1 all)
-    "vllm": (False, 0), "vllm_seeded": (True, 1), "vllm_seeded_nolp": (True, 0), "vllm_seeded_lp4": (True, 4)}
+VLLM_VARIANTS = {   # vLLM method: (a seed per request, log-prob on every k-th request: 0 none, 1 all, prefix cache
+    #                  dropped before each timed call)
+    "vllm": (False, 0, True), "vllm_seeded": (True, 1, True), "vllm_seeded_nolp": (True, 0, True),
+    "vllm_seeded_lp4": (True, 4, True), "vllm_cached": (False, 0, False)}
 args = None
 
 
@@ -215,12 +223,14 @@ def run_generate(model, prompts, N, static):
     return out[:, ids.shape[1]:].numel()
 
 
-def timed(fn, warm=None):
+def timed(fn, warm=None, before=None):
     """(tokens, [seconds of each of --repeats calls]) of fn() after one untimed call, `warm()` or else identical
-    (compile, graphs, allocator)."""
+    (compile, graphs, allocator); `before()`, untimed, ahead of each timed call."""
     (warm or fn)()
     seconds = []
     for _ in range(args.repeats):
+        if before is not None:
+            before()
         sync()
         t = time.perf_counter()
         n = fn()
@@ -229,8 +239,8 @@ def timed(fn, warm=None):
     return n, seconds
 
 
-def row(shape, cfg, n_params, B, P, N, name, n_tok, seconds, concurrency=None, **extra):
-    """One row per timed call (`rep` 0, 1, … of --repeats)."""
+def row(shape, cfg, n_params, B, P, N, name, n_tok, seconds, concurrency=None, per_rep=None, **extra):
+    """One row per timed call (`rep` 0, 1, … of --repeats); `per_rep[rep]`, fields of that call alone."""
     bd = bound(cfg, n_params, concurrency or B, P, N)              # the bound of `concurrency` sequences at a time
     for rep, dt in enumerate(seconds):
         emit({"shape": shape, "B": B, "P": P, "N": N, "method": name, "rep": rep, "tokens": n_tok,
@@ -238,7 +248,7 @@ def row(shape, cfg, n_params, B, P, N, name, n_tok, seconds, concurrency=None, *
               "pct_of_bound": round(100 * n_tok / dt / bd, 1),
               "device": torch.cuda.get_device_name() if cuda() else "cpu",
               "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1) if cuda() else None,
-              **({"share": args.share} if args.share > 1 else {}), **extra})
+              **({"share": args.share} if args.share > 1 else {}), **extra, **(per_rep[rep] if per_rep else {})})
 
 
 def bound(cfg, n_params: int, B: int, P: int, N: int) -> float:
@@ -288,22 +298,35 @@ def run_vllm(shape, path, cfg, n_params, cases, variants=("vllm",)):
         emit({"shape": shape, "method": "vllm", "error": f"{type(e).__name__}: {e}"[:400]})
         return
     for (B, P, N, prompts), method in ((c, m) for c in cases for m in variants):
+        seeded, every, reset = VLLM_VARIANTS[method]
+        cached = []                                              # per timed call: prompt tokens from the prefix cache
+
+        def call(r, s):
+            outs = llm.generate(r, s, use_tqdm=False)
+            cached.append(sum(o.num_cached_tokens or 0 for o in outs))
+            return sum(len(o.outputs[0].token_ids) for o in outs)
+
+        def drop_cache():
+            if not llm.reset_prefix_cache():
+                raise RuntimeError("vLLM refused to reset its prefix cache (requests in flight?)")
         try:
-            def params(n, seeded=VLLM_VARIANTS[method][0], every=VLLM_VARIANTS[method][1]):
+            def params(n):
                 one = dict(n=1, temperature=1.0, top_p=1.0, max_tokens=n, min_tokens=n, ignore_eos=True,
                            detokenize=False)
                 return [SamplingParams(**one, seed=i if seeded else None,
                                        logprobs=0 if every and i % every == 0 else None) for i in range(B)]
             sp, warm = params(N), params(min(N, args.vllm_warmup_tokens))
             reqs = [TokensPrompt(prompt_token_ids=p) for p in prompts]
-            n_tok, dt = timed(lambda r=reqs, s=sp: sum(len(o.outputs[0].token_ids)
-                                                       for o in llm.generate(r, s, use_tqdm=False)),
-                              warm=lambda r=reqs, s=warm: llm.generate(r, s, use_tqdm=False))
+            n_tok, dt = timed(lambda r=reqs, s=sp: call(r, s),
+                              warm=lambda r=reqs, s=warm: llm.generate(r, s, use_tqdm=False),
+                              before=drop_cache if reset else None)
         except Exception as e:  # noqa: BLE001
             emit({"shape": shape, "B": B, "P": P, "N": N, "method": method, "error": f"{type(e).__name__}: {e}"[:400]})
             continue
         import vllm
-        row(shape, cfg, n_params, B, P, N, method, n_tok, dt, vllm=vllm.__version__)
+        row(shape, cfg, n_params, B, P, N, method, n_tok, dt, vllm=vllm.__version__,
+            prefix_cache="dropped before the call" if reset else "kept from the untimed call",
+            per_rep=[{"cached_prompt_tokens": hit} for hit in cached])
     shutdown = getattr(getattr(llm.llm_engine, "engine_core", None), "shutdown", None)
     if shutdown is not None:                 # the engine process (multiprocessing mode) goes now, not at exit
         shutdown()
