@@ -23,6 +23,13 @@ its answer before it looped?) against the last one, which the grader reads.
     python bench/nostop_probe.py --out /tmp/nostop                  # CPU, the cached toy world; ~3 min a seed
     python bench/nostop_probe.py --answer-lines runs/toy             # first / last answer line right, every collapse
                                                                      # eval unit of a campaign (the arm's own π_post)
+    python bench/nostop_probe.py --loop-stop --seeds 7               # does π_pre's wish to stop fade as a loop repeats?
+
+`--loop-stop` takes the student's own samples that stopped right after their answer line, writes that line k more
+times (the loop a collapsed student writes) and reads, at the end of the k-th repeat, log p(stop) under π_pre, the
+student and the arm's π_post-nostop, and what π_post-stoprow would pay there for going on, −log(1 − p_pre(stop)).
+A real language model grows surer of a repetition the longer it runs, so its p(stop) inside a loop falls and a
+stop-row π_post pays ≈ 0 there; the toy's π_pre has never seen an answer line repeated.
 """
 from __future__ import annotations
 
@@ -160,6 +167,41 @@ def answer_lines(campaign: Path) -> None:
         print(f"{unit.relative_to(campaign)}: first answer line right {first:.2f} %, last {last:.2f} %")
 
 
+def loop_stop(seed: int = 7, repeats: int = 8, n_rows: int = 200) -> None:
+    """log p(stop) at the end of each repeat of the answer line, per model, over the student's stopped samples."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    world = builder.build()
+    tok = AutoTokenizer.from_pretrained(world / "models" / "pre")
+    models = {name: AutoModelForCausalLM.from_pretrained(world / "models" / name).float().eval()
+              for name in ("pre", "student", "post-nostop")}
+    rows = [json.loads(line) for line in (world / "data" / "toy_train.jsonl").read_text().splitlines()][:n_rows]
+    stop = tok.eos_token_id
+    bases = []                                    # (prompt ids, completion ids without its stop, answer line ids)
+    for r, g in zip(rows, builder.generate(models["student"], tok, rows, 64, sample_seed=seed)):
+        line = g["text"].rsplit("\n", 1)[-1]
+        if g["stopped"] and ANSWER.fullmatch(line.strip()) and "\n" in g["text"]:
+            bases.append((prompt_ids(tok, r["problem"]), tok(g["text"], add_special_tokens=False)["input_ids"],
+                          tok("\n" + line, add_special_tokens=False)["input_ids"]))
+    print(f"loop_stop: {len(bases)} of {len(rows)} student samples (seed {seed}) stopped right after an answer line")
+    print("| repeats of the answer line | " + " | ".join(f"p(stop), {m}" for m in models) +
+          " | stop-row pay for going on, −log(1 − p_pre(stop)): mean, median |")
+    print("|---|" + "---|" * (len(models) + 1))
+    with torch.no_grad():
+        for k in range(repeats + 1):
+            seqs = [(p, c + line * k) for p, c, line in bases]
+            ids, mask, _ = batch(tok, seqs)
+            at = torch.tensor([len(p) + len(c) - 1 for p, c in seqs])          # the last position: predicts stop
+            p_stop = {}
+            for name, m in models.items():
+                z = m(input_ids=ids, attention_mask=mask).logits.double()[torch.arange(len(seqs)), at]   # (N, V)
+                p_stop[name] = torch.softmax(z, -1)[:, stop]
+                if name == "pre":              # log(1 − p(stop)) from the other logits: exact where p(stop) ≈ 1
+                    pay = torch.logsumexp(z, -1) - torch.logsumexp(torch.cat([z[:, :stop], z[:, stop + 1:]], -1), -1)
+            print(f"| {k} | " + " | ".join(f"{v.mean().item():.4f}" for v in p_stop.values()) +
+                  f" | {pay.mean().item():+.3f}, {pay.median().item():+.4f} |")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path)
@@ -169,7 +211,12 @@ def main():
     p.add_argument("--row-steps", type=int, default=300)
     p.add_argument("--row-batch", type=int, default=32)
     p.add_argument("--row-lr", type=float, default=1e-2)
+    p.add_argument("--loop-stop", action="store_true",
+                   help="only print log p(stop) at the end of each repeat of the answer line (see above), the student's samples "
+                   "drawn with the first of --seeds (give one, e.g. --seeds 7)")
     a = p.parse_args()
+    if a.loop_stop:
+        return loop_stop(a.seeds[0])
     if a.answer_lines:
         return answer_lines(a.answer_lines)
     if a.out is None:
