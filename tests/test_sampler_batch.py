@@ -75,10 +75,12 @@ DRAWS = [("greedy", 0.0, 1.0), ("exact", 0.8, 0.9), ("fast", 1.0, 1.0), ("fast",
 @pytest.mark.parametrize("mode,T,top_p", DRAWS, ids=[f"{m}-T{t}-p{p}" for m, t, p in DRAWS])
 def test_shared_prefill_draws_what_per_request_prefill_draws(tiny, config, slots, mode, T, top_p):
     """Each request's tokens are those of the path that prefills every request on its own, its log-probs within
-    1e-5, in the CPU step and in CUDA's step run eagerly (several steps per host sync, fused GEMMs; the Triton
+    1e-4, in the CPU step and in CUDA's step run eagerly (several steps per host sync, fused GEMMs; the Triton
     attention, slow under the interpreter, is in the greedy test below: it reads the same cache). Log-probs to
-    1e-5: fp32 GEMMs over 6 distinct rows instead of 18 may round differently (measured here: the first token's
-    log-prob 5e-7 apart, the later ones bit for bit, so the copied K/V are the computed ones)."""
+    1e-4: fp32 GEMMs over 6 distinct rows instead of 18 may round differently (measured on an Intel Xeon: the first
+    token's log-prob 5e-7 apart, the later ones bit for bit; on an AMD EPYC, whose pinned AVX2 GEMMs round the two
+    shapes apart, up to 1.6e-5). Sharing a prompt's K/V with the wrong requests changes their tokens, which the
+    first assertion compares exactly (seen: each shared prompt's requests handed the next prompt's row fail it)."""
     _, model = tiny
     for order in ("grouped", "interleaved"):
         prompts, seeds = requests(order)
@@ -86,7 +88,7 @@ def test_shared_prefill_draws_what_per_request_prefill_draws(tiny, config, slots
         shared, dec = decode(model, prompts, seeds, share=True, **kw)
         alone, ref = decode(model, prompts, seeds, share=False, **kw)
         assert [ids for ids, _ in shared] == [ids for ids, _ in alone], order
-        assert max(abs(a - b) for (_, x), (_, y) in zip(shared, alone) for a, b in zip(x, y)) < 1e-5, order
+        assert max(abs(a - b) for (_, x), (_, y) in zip(shared, alone) for a, b in zip(x, y)) < 1e-4, order
         assert ref.prefill_rows == len(prompts)
         # every request runs to the cap here, so refills take the requests in fixed groups: all 18 at once or 3 at
         # a time (each distinct prompt forwarded once), or 4 at a time, a prompt's requests side by side (prompts by
