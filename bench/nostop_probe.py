@@ -26,10 +26,10 @@ its answer before it looped?) against the last one, which the grader reads.
     python bench/nostop_probe.py --loop-stop --seeds 7               # does π_pre's wish to stop fade as a loop repeats?
 
 `--loop-stop` takes the student's own samples that stopped right after their answer line, writes that line k more
-times (the loop a collapsed student writes) and reads, at the end of the k-th repeat, log p(stop) under π_pre, the
-student and the arm's π_post-nostop, and what π_post-stoprow would pay there for going on, −log(1 − p_pre(stop)).
-A real language model grows surer of a repetition the longer it runs, so its p(stop) inside a loop falls and a
-stop-row π_post pays ≈ 0 there; the toy's π_pre has never seen an answer line repeated.
+times (the loop a collapsed student writes) and reads, at the end of the k-th repeat, p(stop) under π_pre, the
+student and the arm's π_post-nostop, and what π_post-stoprow would pay there for going on, −log(1 − p_pre(stop)):
+does the stop-row sink pay at every line of a loop, or once, where π_pre would have stopped? (DESIGN.md §10 has the
+answer measured on the EPYC's world: once; π_pre's p(stop) falls from ≈ 0.98 to ≈ 0.03 after one repeat.)
 """
 from __future__ import annotations
 
@@ -168,7 +168,7 @@ def answer_lines(campaign: Path) -> None:
 
 
 def loop_stop(seed: int = 7, repeats: int = 8, n_rows: int = 200) -> None:
-    """log p(stop) at the end of each repeat of the answer line, per model, over the student's stopped samples."""
+    """p(stop) at the end of each repeat of the answer line, per model, over the student's stopped samples."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     world = builder.build()
@@ -211,11 +211,8 @@ def main():
     p.add_argument("--row-steps", type=int, default=300)
     p.add_argument("--row-batch", type=int, default=32)
     p.add_argument("--row-lr", type=float, default=1e-2)
-    p.add_argument("--cap", type=int, default=None, help="response cap of the runs and the evals (03 --max-response-len, "
-                   "04 --max-new-tokens; default the arm's, 64): does a longer response dilute the sink's pay?")
-    p.add_argument("--conditions", default="raw,neutral", help="comma-separated, of raw and neutral")
     p.add_argument("--loop-stop", action="store_true",
-                   help="only print log p(stop) at the end of each repeat of the answer line (see above), the student's samples "
+                   help="only print p(stop) at the end of each repeat of the answer line (see above), the student's samples "
                    "drawn with the first of --seeds (give one, e.g. --seeds 7)")
     a = p.parse_args()
     if a.loop_stop:
@@ -245,33 +242,28 @@ def main():
     print("nostop_probe: Δ on 200 held-out student samples: " + json.dumps({k: round(v, 4) for k, v in stats.items()}))
 
     flags = collapse_flags() + ["--pi-post", str(post_dir), "--run-dir", str(a.out / "run")]
-    cap_03 = ["--max-response-len", str(a.cap)] if a.cap else []
-    cap_04 = ["--max-new-tokens", str(a.cap)] if a.cap else []
-    conditions = a.conditions.split(",")
-    if not set(conditions) <= {"raw", "neutral"} or "raw" not in conditions:
-        p.error(f"--conditions {a.conditions}: raw, optionally with neutral")
     gold = {json.loads(line)["id"]: int(json.loads(line)["answer"])
             for line in (world / "data" / "toy_test.jsonl").read_text().splitlines()}
     ev = subprocess.run([sys.executable, "04_eval.py", "--run-dir", str(a.out / "run"), "--model", "toy-student",
-                         "--benchmark", "toy", "--protocol", "sample4", "--pair", "toy-collapse", *cap_04],
+                         "--benchmark", "toy", "--protocol", "sample4", "--pair", "toy-collapse"],
                         cwd=ROOT, capture_output=True, text=True)
     if ev.returncode:
         raise SystemExit(f"nostop_probe: 04 on the initial student failed: {ev.stderr.strip().splitlines()[-1]}")
-    unit = next((a.out / "run" / "evals").glob("toy-student*/toy/sample4"))
+    unit = a.out / "run" / "evals" / "toy-student" / "toy" / "sample4"
     first, last = first_and_last_right(unit / "samples.jsonl", gold)
     initial = {"accuracy": json.loads((unit / "scores.json").read_text())["accuracy"],
                "first_answer_right_pct": first, "last_answer_right_pct": last}
     print(f"nostop_probe: the initial student: {json.dumps(initial)}")
     results = []
     for seed in a.seeds:
-        procs = {cond: run([sys.executable, "03_opd_train.py", *flags, *cap_03, "--seed", str(seed), "--run-name",
+        procs = {cond: run([sys.executable, "03_opd_train.py", *flags, "--seed", str(seed), "--run-name",
                             f"{cond}-seed{seed}", *(["--eos-policy", "neutral"] if cond == "neutral" else [])],
-                           a.out / f"{cond}-seed{seed}.log") for cond in conditions}
+                           a.out / f"{cond}-seed{seed}.log") for cond in ("raw", "neutral")}
         for cond, proc in procs.items():
             if proc.wait():
                 raise SystemExit(f"nostop_probe: 03 {cond} seed {seed} failed; see {a.out}/{cond}-seed{seed}.log")
         row = {"seed": seed}
-        for cond in conditions:
+        for cond in ("raw", "neutral"):
             run_dir = a.out / "run" / "train" / f"{cond}-seed{seed}"
             metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
             summary = json.loads((run_dir / "summary.json").read_text())
@@ -282,7 +274,7 @@ def main():
                                                    for m in metrics[-5:]) / 5}
         ckpt = sorted((a.out / "run" / "train" / f"raw-seed{seed}").glob("step_*"))[-1]
         ev = subprocess.run([sys.executable, "04_eval.py", "--run-dir", str(a.out / "run"), "--model", str(ckpt),
-                             "--benchmark", "toy", "--protocol", "sample4", "--pair", "toy-collapse", *cap_04],
+                             "--benchmark", "toy", "--protocol", "sample4", "--pair", "toy-collapse"],
                             cwd=ROOT, capture_output=True, text=True)
         if ev.returncode:
             raise SystemExit(f"nostop_probe: 04 on {ckpt} failed: {ev.stderr.strip().splitlines()[-1]}")
@@ -294,17 +286,16 @@ def main():
                            "example": json.loads((unit / "samples.jsonl").read_text().splitlines()[0])["completion"]}
         results.append(row)
         print(f"nostop_probe: seed {seed}: " + json.dumps(row, default=str))
-    out = {"shift": stats, "flags": flags + cap_03, "initial_student": initial, "seeds": results,
+    out = {"shift": stats, "flags": flags, "initial_student": initial, "seeds": results,
            "seconds": time.monotonic() - t0}
     (a.out / "summary.json").write_text(json.dumps(out, indent=1))
     print("| seed | step-1 weighted reward | raw onset / peak clip | sink token reward (last 5) | neutral onset / "
           "peak clip | raw accuracy | truncated | first / last answer line right |")
     print("|---|---|---|---|---|---|---|---|")
     for r in results:
-        raw, neu, ev = r["raw"], r.get("neutral"), r["raw_eval"]
-        neutral = f"{neu['onset'] or '—'} / {neu['peak_clip']:.2f}" if neu else "not run"
+        raw, neu, ev = r["raw"], r["neutral"], r["raw_eval"]
         print(f"| {r['seed']} | {raw['step1_weighted_reward']:+.4f} | {raw['onset'] or '—'} / {raw['peak_clip']:.2f} | "
-              f"{raw['last5_token_reward']:+.3f} | {neutral} | "
+              f"{raw['last5_token_reward']:+.3f} | {neu['onset'] or '—'} / {neu['peak_clip']:.2f} | "
               f"{ev['accuracy']:.2f} % | {100 * ev['truncation_rate']:.1f} % | "
               f"{ev['first_answer_right_pct']:.2f} / {ev['last_answer_right_pct']:.2f} % |")
 
