@@ -53,6 +53,7 @@ from lib.artifacts import atomic_write_json, atomic_write_text, read_json, wall_
 from lib.cli import (ArgumentParser, HelpFormatter, fraction, nonnegative_float, nonnegative_int, path_name,
                      positive_float, positive_int)
 from lib.data import prompt_ids, refuse_special_text, require_rows, stable_seed
+from lib.sample.completion import stop_ids
 from lib.sample.engine import HFEngine, load_engine, sample
 from lib.sample.vllm_engine import explain_oom
 from lib.train import dist as D
@@ -94,9 +95,14 @@ def parse_args(argv=None):
     a("--kl-coef", type=nonnegative_float, default=2.5, help="initial KL coefficient (adaptive: clamped to [0.5, 2.5])")
     a("--kl-ref", default="init", choices=["init", "none"], help="KL anchor: the student's init weights, or no KL")
     a("--reward-center", action="store_true", help="shift rewards so the batch-mean reward is non-negative")
-    a("--eos-policy", default="raw", choices=["raw", "neutral", "clamp"], help="reward at the terminal stop token")
+    a("--eos-policy", default="raw", choices=list(opd.EOS_POLICIES),
+      help="reward at the stop token: raw, neutral (0 where the student stopped), clamp, neutral-all (neutral, and 0 "
+           "wherever the stop token is a candidate), conditional (teachers conditioned on going on, the student's stop "
+           "probability left alone; Direct-OPD rewards only); DESIGN.md §7.6")
     a("--eos-floor", type=nonnegative_float, default=0.0,
       help="with --eos-policy clamp: the stop-token reward is ≥ −floor")
+    a("--truncated-policy", default="raw", choices=["raw", "mask"],
+      help="reward on a response the cap cut: raw (as scored) or mask (0 on every one of its tokens; DESIGN.md §7.6)")
     a("--stop-on-collapse", action="store_true", help="stop (after saving) once the collapse watch fires")
     a("--max-prompt-len", type=positive_int, default=None, help="prompt cap (default: the student's, DESIGN.md §4)")
     a("--max-response-len", type=positive_int, default=None, help="response cap (default: the student's, DESIGN.md §4)")
@@ -151,6 +157,9 @@ def parse_args(argv=None):
       help="the built-in sampler (--backend hf) frees its KV cache and CUDA graphs after each generation and rebuilds "
            "them for the next (as colocated vLLM sleeps): the trainer gets that memory for scoring and the update")
     args = p.parse_args(argv)
+    if args.eos_policy == "conditional" and args.reward == "opd":
+        p.error("--eos-policy conditional conditions π_post and π_pre on going on: use it with delta-topk or "
+                "delta-sampled, not opd")
     cuda = torch.cuda.is_available()                     # both recorded as what ran: on or off
     args.compile, args.packing = resolve_auto(args.compile, cuda), resolve_auto(args.packing, cuda, "--packing")
     return args
@@ -213,25 +222,34 @@ def make_engine(args, student_path, tokenizer, d, bf16, kv_reserve=None):
 
 # --- one micro-batch of the loop (steps 2 and 4), functions so that tests run exactly this code ---
 
-def score_micro_batch(student, teachers, ref, batch, K, completions):
+def score_micro_batch(student, teachers, ref, batch, K, completions, stop_t=None):
     """Step 2, no grad: the student's own log-probs ("old": before this step's update), its top-K candidates when
-    K > 0, and each teacher's log-probs (and entropy) at [sampled | top-K]; the reference's at the sampled tokens."""
+    K > 0, and each teacher's log-probs (and entropy) at [sampled | top-K]; the reference's at the sampled tokens.
+    stop_t (the stop ids, for --eos-policy conditional): each teacher's log p(stop) at every position too."""
     dev = batch.targets_N.device
     with torch.no_grad():
         lp_N, topk_ids_NK, topk_lp_NK, ent_N = student(batch, None, topk=K)
         ids_NJ = torch.cat([batch.targets_N[:, None], topk_ids_NK], 1)
+        n_stop = 0 if stop_t is None else len(stop_t)       # the stop ids ride along as the last columns
+        if n_stop:
+            ids_NJ = torch.cat([ids_NJ, stop_t.to(ids_NJ.device).expand(len(ids_NJ), n_stop)], 1)
         scored = {k: m(batch, ids_NJ, with_entropy=True) for k, m in teachers.items()}
+        lp_stop_t = {k: lp.float()[:, -n_stop:].logsumexp(-1) for k, (lp, _) in scored.items()} if n_stop else None
+        scored = {k: (lp[:, :lp.shape[1] - n_stop], ent) for k, (lp, ent) in scored.items()}
         ref_N = score_ids(ref, batch, batch.targets_N[:, None])[:, 0] if ref is not None else None
     is_stop_N = torch.zeros(len(lp_N), dtype=torch.bool)
     is_stop_N[[int(e) for e, o in zip(np.cumsum([len(o.token_ids) for o in completions]) - 1, completions)
                if o.finish_reason == "stop"]] = True
+    # every token of a response the cap cut (its finish "length"): what --truncated-policy mask zeroes
+    is_trunc_N = torch.tensor([o.finish_reason == "length" for o in completions for _ in o.token_ids], dtype=torch.bool)
     # the sampled token's Δ = log π_post − log π_pre (opd: log π_T − log π_θ), logged for every reward
     delta_N = (scored["pi_post"][0][:, 0] - scored["pi_pre"][0][:, 0]) if "pi_post" in scored \
         else scored["teacher"][0][:, 0] - lp_N
     sampler = [x for o in completions for x in o.logprobs or [math.nan] * len(o.token_ids)]  # NaN: vLLM gave none
     return dict(batch=batch, old_N=lp_N, topk_ids=topk_ids_NK, old_topk=topk_lp_NK, ent_N=ent_N,
                 lp_t={k: v[0] for k, v in scored.items()}, ent_t={k: v[1] for k, v in scored.items()}, ref_N=ref_N,
-                delta_N=delta_N, is_stop_N=to_device(is_stop_N, dev), sampler_N=to_device(torch.tensor(sampler), dev))
+                lp_stop_t=lp_stop_t, delta_N=delta_N, is_stop_N=to_device(is_stop_N, dev),
+                is_trunc_N=to_device(is_trunc_N, dev), sampler_N=to_device(torch.tensor(sampler), dev))
 
 
 def micro_batch_loss(student, mb, kl_coef, n_tokens, clip_eps):
@@ -410,6 +428,7 @@ def main(argv=None):
     engine = make_engine(args, resolved["student"].path, tokenizer, d, bf16,
                          kv_reserve=sampler_reserve(args, student, optim, bf16))
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    stop_t = torch.tensor(stop_ids(tokenizer, resolved["student"].path))      # the ids the sampler stops on
 
     kl = opd.KLController(coef=args.kl_coef, mode=args.kl_mode)
     watch = opd.CollapseWatch()
@@ -479,7 +498,8 @@ def main(argv=None):
         def packed(idx):
             return pack([P[i] for i in idx], [resp[i] for i in idx], pad_id, args.packing).to(d.device)
 
-        scored = [score_micro_batch(student, teachers, ref, packed(idx), K, [outs[i] for i in idx])
+        scored = [score_micro_batch(student, teachers, ref, packed(idx), K, [outs[i] for i in idx],
+                                    stop_t if args.eos_policy == "conditional" else None)
                   for idx in score_plan]
         mbs = scored if score_plan == plan else [
             mb | {"batch": packed(idx)} for mb, idx in zip(regroup(scored, score_plan, plan, list(map(len, resp)),
@@ -495,11 +515,20 @@ def main(argv=None):
         # the method's order: the adaptive coefficient moves on THIS step's weighted_reward_mean before the update.
         # (Its delta-sampled mode logs no such key, so its coefficient stays put there; ours moves on the same mean.)
         kl.update(reward_pair_mean)
+        # then the fixes (DESIGN.md §7.6), in this order: conditional replaces the advantage, centering shifts it,
+        # the stop-token policy and the truncated-response policy zero or lift parts of it
         for mb in mbs:
+            cand_NK = mb["topk_ids"] if mb["topk_ids"].shape[1] else mb["batch"].targets_N[:, None]
+            is_stop_cand_NK = torch.isin(cand_NK, stop_t.to(cand_NK.device))    # the candidates that are a stop id
+            if args.eos_policy == "conditional":
+                mb["adv"] = opd.stop_conditional_advantage(args.reward, mb["lp_t"], mb["lp_stop_t"], mb["old_topk"],
+                                                           is_stop_cand_NK)
             w_NK = opd.candidate_weights(mb["adv"], mb["old_topk"])
             if args.reward_center:
                 mb["adv"] = opd.center_reward(mb["adv"], reward_token_mean, w_NK)
-            mb["adv"] = opd.eos_policy(mb["adv"], mb["is_stop_N"], args.eos_policy, args.eos_floor, w_NK)
+            mb["adv"] = opd.eos_policy(mb["adv"], mb["is_stop_N"], args.eos_policy, args.eos_floor, w_NK,
+                                       is_stop_cand_NK)
+            mb["adv"] = opd.truncated_policy(mb["adv"], mb["is_trunc_N"], args.truncated_policy)
         clock.mark("score")
 
         # 4. update: PPO clipped surrogate + kl_coef · k3, token-mean over the GLOBAL batch; one optimizer step

@@ -104,6 +104,89 @@ def test_center_and_eos_policy():
         opd.eos_policy(col, stop, "bogus")
 
 
+def test_eos_neutral_all_also_zeroes_the_stop_candidate_where_the_student_went_on():
+    # 3 tokens × 3 candidates; row 0 wrote a newline where the stop token was its candidate 0 (Δ ≪ 0 there), row 2
+    # stopped. neutral leaves row 0's stop candidate pushing the student off it; neutral-all zeroes it, nothing else
+    adv = t(-8.0, 0.5, -0.1, 0.2, 0.3, -0.4, -9.0, 0.1, 0.1).reshape(3, 3)
+    stop_N = torch.tensor([False, False, True])
+    cand = torch.tensor([[True, False, False], [False, False, False], [True, False, False]])
+    neutral = opd.eos_policy(adv, stop_N, "neutral")
+    assert neutral[0].tolist() == adv[0].tolist() and neutral[2].tolist() == [0, 0, 0]
+    out = opd.eos_policy(adv, stop_N, "neutral-all", is_stop_cand_NK=cand)
+    assert out.tolist() == [[0, 0.5, -0.1], [0.2, 0.3, -0.4], [0, 0, 0]]
+    assert opd.eos_policy(adv, stop_N, "conditional").tolist() == adv.tolist()   # applied before, not here
+    with pytest.raises(ValueError, match="is_stop_cand_NK"):
+        opd.eos_policy(adv, stop_N, "neutral-all")
+
+
+def test_log1mexp_is_accurate_in_float32_and_finite_at_p_one():
+    x = t(-1e-6, -1e-3, -0.5, -math.log(2), -1.0, -5.0, -40.0)
+    want = [math.log(1 - math.exp(v)) for v in x.tolist()]
+    assert opd.log1mexp(x).tolist() == pytest.approx(want, rel=1e-9)
+    x32 = x.float()                                   # float32 (the teachers' log-probs): naive 1 − e^x cancels
+    assert opd.log1mexp(x32).tolist() == pytest.approx([math.log(-math.expm1(v)) for v in x32.tolist()], rel=1e-5)
+    assert math.isfinite(opd.log1mexp(t(0.0)).item())                       # p(stop) = 1: clamped, not −inf
+
+
+def conditional_case(seed=0, N=5, V=7, stop=6, post_stop_shift=-9.0):
+    """Random student / π_pre logits over a V-token vocabulary; π_post = π_pre with only the stop logit moved."""
+    g = torch.Generator().manual_seed(seed)
+    z_s, z_pre = torch.randn(N, V, generator=g, dtype=torch.float64), torch.randn(N, V, generator=g, dtype=torch.float64)
+    z_post = z_pre.clone()
+    z_post[:, stop] += post_stop_shift
+    return z_s, z_pre, z_post
+
+
+def test_conditional_pays_nothing_when_the_teachers_differ_only_at_the_stop_token():
+    # the idealised unlearned stop token (bench/nostop_probe.py's π_post-stoprow): raw delta-topk pays every other
+    # candidate −log(1 − p_pre(stop)·(1 − e^shift)) > 0; conditioned on going on, both teachers agree everywhere
+    z_s, z_pre, z_post = conditional_case()
+    ids = torch.arange(7).expand(5, 7)                                     # every token a candidate (K = V)
+    lp_pre, lp_post, lp_s = (torch.log_softmax(z, -1) for z in (z_pre, z_post, z_s))
+    sampled = torch.zeros(5, 1, dtype=torch.long)
+    lp_t = {"pi_post": torch.cat([lp_post[:, :1], lp_post], 1), "pi_pre": torch.cat([lp_pre[:, :1], lp_pre], 1)}
+    stop_t = {"pi_post": lp_post[:, 6], "pi_pre": lp_pre[:, 6]}
+    adv = opd.stop_conditional_advantage("delta-topk", lp_t, stop_t, lp_s, ids == 6)
+    assert adv.abs().max().item() < 1e-12
+    raw = opd.delta_topk_advantage(lp_s, lp_post, lp_pre)
+    assert (raw[:, :6] > 0).all()                                          # what the condition takes out
+    d = opd.stop_conditional_advantage("delta-sampled", lp_t, stop_t, lp_s, sampled == 6)
+    assert d.abs().max().item() < 1e-12
+
+
+def test_conditional_leaves_the_students_stop_probability_alone_to_first_order():
+    # teachers that differ everywhere: the gradient of Σ_k A_k ρ_k on the stop logit is 0 under conditional (the
+    # stop candidate is paid the w-weighted mean of the others), and clearly not under raw delta-topk
+    z_s, z_pre, _ = conditional_case(seed=1)
+    z_post = torch.randn(5, 7, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    lp_pre, lp_post = torch.log_softmax(z_pre, -1), torch.log_softmax(z_post, -1)
+    ids, is_stop = torch.arange(7).expand(5, 7), torch.arange(7).expand(5, 7) == 6
+    lp_t = {"pi_post": torch.cat([lp_post[:, :1], lp_post], 1), "pi_pre": torch.cat([lp_pre[:, :1], lp_pre], 1)}
+    stop_t = {"pi_post": lp_post[:, 6], "pi_pre": lp_pre[:, 6]}
+
+    def stop_logit_grad(adv_fn):
+        z = z_s.clone().requires_grad_(True)
+        lp = torch.log_softmax(z, -1).gather(1, ids)
+        adv = adv_fn(lp.detach())
+        (adv * torch.exp(lp - lp.detach())).sum().backward()
+        return z.grad[:, 6]
+
+    cond = stop_logit_grad(lambda old: opd.stop_conditional_advantage("delta-topk", lp_t, stop_t, old, is_stop))
+    raw = stop_logit_grad(lambda old: opd.delta_topk_advantage(old, lp_post, lp_pre))
+    assert cond.abs().max().item() < 1e-6 and raw.abs().max().item() > 1e-3      # (w_k is float32)
+    with pytest.raises(ValueError, match="Direct-OPD"):
+        opd.stop_conditional_advantage("opd", lp_t, stop_t, torch.log_softmax(z_s, -1), is_stop)
+
+
+def test_truncated_policy_masks_every_token_of_a_cut_response():
+    adv = t(0.5, -1.0, 2.0, 0.25).reshape(4, 1)
+    trunc = torch.tensor([False, True, True, False])
+    assert opd.truncated_policy(adv, trunc, "raw").tolist() == adv.tolist()
+    assert opd.truncated_policy(adv, trunc, "mask")[:, 0].tolist() == [0.5, 0, 0, 0.25]
+    with pytest.raises(ValueError, match="truncated-policy"):
+        opd.truncated_policy(adv, trunc, "drop")
+
+
 def test_eos_clamp_floors_the_tokens_total_over_topk():
     # a stop token with 3 candidates each −4: per-candidate clamping would leave a total of −3·floor; the total is
     # lifted to exactly −floor, the shift spread by the weights; the token above the floor and non-stop rows untouched

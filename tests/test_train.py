@@ -175,3 +175,30 @@ def test_the_loop_freezes_the_heap_after_its_first_step(world, tmp_path):
         assert p.returncode == 0, p.stderr[-3000:]
         counts.append(int(p.stdout.rsplit("frozen", 1)[1]))
     assert counts[0] == 0 < counts[1]
+
+
+def test_the_fixes_reach_the_update(world, tmp_path):
+    """The loop applies --eos-policy and --truncated-policy to the advantage its update uses, after the metrics (which
+    stay the raw shift's): one step from one seed, so the rollouts and the raw reward are the same in every run. On
+    policy PPO's loss is −(the token-mean advantage), so a fix that changes nothing fails here. With a 6-token cap every
+    response is cut, and --truncated-policy mask leaves no reward at all."""
+    def step1(name, *flags):
+        train(*SMALL, "--reward=delta-topk", "--steps=1", "--save-every=1", "--seed=5", f"--run-name={name}",
+              f"--run-dir={tmp_path}", *flags)
+        return metrics(tmp_path / "train" / name)[0]
+
+    raw = step1("raw")
+    fixed = {p: step1(p, f"--eos-policy={p}") for p in ("neutral-all", "conditional")}
+    for p, r in fixed.items():
+        assert r["delta_opd/weighted_reward_token_mean"] == raw["delta_opd/weighted_reward_token_mean"], p
+        # (the main pair is near-neutral at its stop token, so the fixes move the loss by ~1e-4 here; the run is
+        # deterministic, so any difference is the fix's)
+        assert abs(r["actor/pg_loss"] - raw["actor/pg_loss"]) > 1e-6, p
+    assert raw["actor/pg_loss"] == pytest.approx(-raw["delta_opd/weighted_reward_token_mean"], rel=1e-6)
+    cut = step1("cut", "--max-response-len=6")
+    masked = step1("masked", "--max-response-len=6", "--truncated-policy=mask")
+    assert cut["response_length/clip_ratio"] == 1.0 and cut["actor/pg_loss"] != 0
+    assert masked["delta_opd/weighted_reward_token_mean"] == cut["delta_opd/weighted_reward_token_mean"]
+    assert masked["actor/pg_loss"] == 0
+    r = train(*SMALL, "--reward=opd", "--eos-policy=conditional", f"--run-dir={tmp_path}", check=False)
+    assert r.returncode != 0 and "conditional" in r.stderr and "delta-topk" in r.stderr

@@ -104,6 +104,27 @@ def script_grads(world, reward, kl_coef, topk_ids=None, packed=False):
     return loss.item(), {n: p.grad for n, p in student.lm.named_parameters()}
 
 
+def test_scoring_reads_each_teachers_stop_probability_for_the_conditional_policy(world):
+    """--eos-policy conditional asks step 2 for each teacher's log p(stop) too (the stop ids as extra columns): the
+    other columns are unchanged, log p(stop) is the plain forward's over every stop id, and the tokens of responses
+    the cap cut are marked (--truncated-policy)."""
+    from lib.sample.completion import stop_ids
+    m03, batch, lms, outs = world["m03"], world["batch"], world["lms"], world["outs"]
+    student = TokenScorer(copy.deepcopy(lms["student"]))
+    teachers = {"pi_post": TokenScorer(lms["post"]), "pi_pre": TokenScorer(lms["pre"])}
+    stop_t = torch.tensor(stop_ids(world["tok"], builder.model_dir("student")))
+    plain = m03.score_micro_batch(student, teachers, None, batch, K, outs)
+    with_stop = m03.score_micro_batch(student, teachers, None, batch, K, outs, stop_t)
+    assert plain["lp_stop_t"] is None
+    with torch.no_grad():
+        for k, lm in (("pi_post", lms["post"]), ("pi_pre", lms["pre"])):
+            assert torch.equal(plain["lp_t"][k], with_stop["lp_t"][k])
+            want = hf_logprobs(lm, batch)[:, stop_t].logsumexp(-1)
+            assert torch.allclose(with_stop["lp_stop_t"][k], want, atol=1e-5)
+    trunc = torch.cat([torch.full((len(o.token_ids),), o.finish_reason == "length") for o in outs])
+    assert trunc.any() and not trunc.all() and torch.equal(with_stop["is_trunc_N"], trunc)   # both kinds here
+
+
 @pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
 @pytest.mark.parametrize("reward", opd.REWARDS)
 def test_micro_batch_gradient_equals_plain_hf(world, reward, packed):

@@ -78,22 +78,76 @@ def center_reward(adv: torch.Tensor, batch_mean: float, weights_NK: torch.Tensor
     return adv + c if weights_NK is None else adv + c * weights_NK
 
 
+EOS_POLICIES = ("raw", "neutral", "clamp", "neutral-all", "conditional")
+
+
 def eos_policy(adv_NK: torch.Tensor, is_stop_N: torch.Tensor, policy: str, floor: float = 0.0,
-               weights_NK: torch.Tensor | None = None) -> torch.Tensor:
-    """--eos-policy at the terminal stop token: raw (as scored), neutral (0), clamp (the token's total Σ_k A ≥ −floor).
+               weights_NK: torch.Tensor | None = None, is_stop_cand_NK: torch.Tensor | None = None) -> torch.Tensor:
+    """--eos-policy at the stop token: raw (as scored), neutral (every candidate's reward 0 where the student stopped),
+    clamp (there, the token's total Σ_k A ≥ −floor), neutral-all (neutral, and the stop token's own reward 0 wherever
+    it is a candidate: `is_stop_cand_NK`, where the student did not stop too). `conditional` replaces the whole
+    advantage before this step (stop_conditional_advantage), so here it is raw.
 
     clamp raises a stop token's total to −floor by spreading the shift as w_k·c (as center_reward does), so a top-K
-    token can never reach −K·floor; with one candidate (w = 1) it is the plain clamp."""
+    token can never reach −K·floor; with one candidate (w = 1) it is the plain clamp. neutral-all is ours, not the
+    method's: under delta-topk the stop token is also a candidate where the student wrote something else (at the end
+    of an answer line, a newline), and there plain neutral leaves its Δ ≪ 0 pushing the student off it."""
     stop_N1 = is_stop_N[:, None]
-    if policy == "raw":
+    if policy in ("raw", "conditional"):
         return adv_NK
     if policy == "neutral":
         return torch.where(stop_N1, torch.zeros_like(adv_NK), adv_NK)
+    if policy == "neutral-all":
+        if is_stop_cand_NK is None:
+            raise ValueError("--eos-policy neutral-all needs which candidates are the stop token (is_stop_cand_NK)")
+        return torch.where(stop_N1 | is_stop_cand_NK, torch.zeros_like(adv_NK), adv_NK)
     if policy == "clamp":
         w = torch.ones_like(adv_NK) if weights_NK is None else weights_NK
         lift_N1 = (-floor - adv_NK.sum(-1, keepdim=True)).clamp(min=0)
         return torch.where(stop_N1, adv_NK + lift_N1 * w, adv_NK)
-    raise ValueError(f"--eos-policy {policy!r}: choose raw, neutral or clamp")
+    raise ValueError(f"--eos-policy {policy!r}: choose one of {', '.join(EOS_POLICIES)}")
+
+
+def log1mexp(x: torch.Tensor) -> torch.Tensor:
+    """log(1 − e^x) for x ≤ 0, accurate at both ends (x is clamped to ≤ −1e-7, so p = 1 gives ≈ −16, not −inf)."""
+    x = x.clamp(max=-1e-7)
+    return torch.where(x > -math.log(2), torch.log(-torch.expm1(x)), torch.log1p(-torch.exp(x)))
+
+
+def stop_conditional_advantage(reward: str, lp_t: dict, lp_stop_t: dict, old_topk_NK: torch.Tensor,
+                               is_stop_cand_NK: torch.Tensor) -> torch.Tensor:
+    """--eos-policy conditional (ours): the shift with the teachers' opinion on stopping taken out.
+
+    Each teacher is conditioned on going on, log π(x | no stop) = log π(x) − log(1 − π(stop)) (lp_stop_t: each
+    teacher's log π(stop) per token, summed over the stop ids), and Δ is taken between the conditioned teachers. The
+    stop candidate is paid the w-weighted mean Δ of the other candidates at its position: the gradient of Σ_k A_k ρ_k
+    on the stop token's logit is A_stop − π(stop)·Σ_k A_k, which that choice makes 0 (when the top-K holds the
+    student's mass), so no position pushes the student's stop probability either way. delta-sampled: a sampled stop
+    token's reward is 0. Returns the (N, K) advantage, as advantages() does."""
+    post = lp_t["pi_post"] - log1mexp(lp_stop_t["pi_post"])[:, None]
+    pre = lp_t["pi_pre"] - log1mexp(lp_stop_t["pi_pre"])[:, None]
+    if reward == "delta-sampled":
+        d_N1 = post[:, :1] - pre[:, :1]
+        return torch.where(is_stop_cand_NK, torch.zeros_like(d_N1), d_N1)
+    if reward != "delta-topk":
+        raise ValueError(f"--eos-policy conditional needs a Direct-OPD reward (delta-topk, delta-sampled), "
+                         f"not {reward!r}")
+    d_NK = post[:, 1:] - pre[:, 1:]
+    w_NK = topk_weights(old_topk_NK)
+    w_go = torch.where(is_stop_cand_NK, torch.zeros_like(w_NK), w_NK)
+    mean_go_N1 = (w_go * d_NK).sum(-1, keepdim=True) / w_go.sum(-1, keepdim=True).clamp(min=1e-30)
+    return w_NK * torch.where(is_stop_cand_NK, mean_go_N1.expand_as(d_NK), d_NK)
+
+
+def truncated_policy(adv_NK: torch.Tensor, is_trunc_N: torch.Tensor, policy: str) -> torch.Tensor:
+    """--truncated-policy on the tokens of a response the cap cut: raw (as scored) or mask (every candidate's reward 0
+    on all of them, so a response that never stops earns nothing; their KL term stays). Ours, not the method's: DAPO's
+    overlong filtering drops such responses from the loss; this drops their reward only."""
+    if policy == "raw":
+        return adv_NK
+    if policy == "mask":
+        return torch.where(is_trunc_N[:, None], torch.zeros_like(adv_NK), adv_NK)
+    raise ValueError(f"--truncated-policy {policy!r}: choose raw or mask")
 
 
 # --- loss ---
