@@ -11,7 +11,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from lib.sample.skinny_gemm import DEFAULTS, defaults, linear, skinny_partials, tiling  # noqa: E402
+from lib.sample.skinny_gemm import defaults, linear, skinny_partials, tiling  # noqa: E402
 
 
 @pytest.mark.parametrize("M,N,K,t", [(5, 48, 40, "n16k16s2w4"), (3, 20, 33, "n16k32s3w4"),
@@ -43,4 +43,7 @@ def test_tiling_grammar_and_defaults():
         with pytest.raises(ValueError, match="tiling"):
             tiling(bad)
     assert defaults(64, cuda=False) == {} and defaults(4096, cuda=True) == {}
-    assert defaults(8, cuda=True) == {k: tiling(v) for k, v in DEFAULTS.items()}
+    # down_proj only, its tiling by the inner size measured nearest (1.5B: 8,960; 7B: 18,944; bench/RESULTS.md §5)
+    assert defaults(8, cuda=True) == defaults(64, True, 8960) == {"down": tiling("n32k128s8w4")}
+    assert defaults(64, True, 18944) == defaults(64, True, 16000) == {"down": tiling("n64k128s4w4")}
+    assert defaults(64, True, 4864) == {"down": tiling("n32k128s8w4")}      # (0.5B's 4,864: the nearer, 1.5B's)

@@ -129,7 +129,8 @@ class Decoder:
         if self.v2:                                             # v2: two compiled blocks per layer, weights as args
             act = F.silu if self.silu else self.layers[0].mlp.act_fn
             from lib.sample.skinny_gemm import defaults, tiling                      # {projection: Triton tiling}
-            self.gemms = defaults(slots, cuda) if gemm_opts is None else {k: tiling(v) for k, v in gemm_opts.items()}
+            self.gemms = (defaults(slots, cuda, self.layers[0].mlp.down_proj.in_features) if gemm_opts is None
+                          else {k: tiling(v) for k, v in gemm_opts.items()})
             self.blocks = make_blocks(self.H, self.Hkv, self.D, self.eps, act, self.compile_step or False, self.gemms)
             self.weights = FusedWeights(model, self.fuse_gemms)
         self.split_attn = None

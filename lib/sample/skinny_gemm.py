@@ -99,14 +99,20 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, **t) -> tor
     return (y if b is None else y + b.float()).to(x.dtype)
 
 
-# The decoder's default on CUDA for ≤ MAX_ROWS slots, from one H200 (2026-12-02, 1.5B shape, B = 64, position 1,024;
-# bench/RESULTS.md, eighth run): down_proj alone took the step from 2,521 to 2,483 µs and rollouts +1.4 % / +2.0 %
-# (512+1024, 256+400). q|k|v needs v materialised by one more kernel (step +20 µs); o_proj at SPLIT 8 moves its
-# saving into the norm that reads the partials. At B = 256 the kernel ran 8–10 % slower: cuBLAS stays there.
-DEFAULTS: dict[str, str] = {"down": "n32k128s8w4"}
+# The decoder's default on CUDA for ≤ MAX_ROWS slots: down_proj alone, its tiling by the projection's inner size (the
+# MLP's intermediate size). Measured on one H200, B = 64, position 1,024 (bench/RESULTS.md §5): at the 1.5B shape
+# (8,960) n32k128s8w4 took the step from 2,521 to 2,483 µs and rollouts +1.4 % / +2.0 % (512+1024, 256+400); at the
+# 7B shape (18,944) that tiling ran down_proj at 2.8 TB/s, slower than cuBLAS (3.22), and n64k128s4w4 (3.59 TB/s)
+# took 7B rollouts from 9.35k to 9.87k tokens/s (cuBLAS: 9.75k). Inner sizes between the two measured ones take the
+# nearer's tiling. q|k|v needs v materialised by one more kernel (step +20 µs); o_proj at SPLIT 8 moves its saving
+# into the norm that reads the partials. At B = 256 the kernel ran 8–10 % slower: cuBLAS stays there.
+DOWN_TILINGS: dict[int, str] = {8960: "n32k128s8w4", 18944: "n64k128s4w4"}    # inner size → tiling, as measured
 MAX_ROWS = 64
 
 
-def defaults(slots: int, cuda: bool) -> dict:
-    """The decoder's default {projection: tiling dict}: DEFAULTS on CUDA for ≤ MAX_ROWS slots, else none (cuBLAS)."""
-    return {k: tiling(v) for k, v in DEFAULTS.items()} if cuda and slots <= MAX_ROWS else {}
+def defaults(slots: int, cuda: bool, down_in: int = 8960) -> dict:
+    """The decoder's default {projection: tiling dict}: on CUDA for ≤ MAX_ROWS slots down_proj through the tiling
+    measured at the nearest inner size `down_in` (DOWN_TILINGS), else none (cuBLAS throughout)."""
+    if not (cuda and slots <= MAX_ROWS):
+        return {}
+    return {"down": tiling(DOWN_TILINGS[min(DOWN_TILINGS, key=lambda k: abs(k - down_in))])}
