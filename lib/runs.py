@@ -37,6 +37,10 @@ MAY_DIFFER = ("resume", "nproc", "time_limit", "logger", "wandb_project", "keep_
 # settings recorded only since a later version: compared when the saved run holds them (a run started before 03
 # recorded its pair's sha256 continues, its pair still checked by --pair's value)
 RECORDED_SINCE = ("pair_name", "pair_sha256")
+# flags added to 03 after runs were recorded, with the value every run before them ran with: a run that does not
+# record one ran with that value (settings_diff; lib/report/conditions.run_settings, so that such a run and a new run
+# of the same settings are one condition)
+ADDED_WITH_DEFAULT = {"truncated_policy": "raw"}
 
 
 # --- the run lock ---
@@ -119,6 +123,7 @@ def settings_diff(saved: dict, now: dict, may_differ=MAY_DIFFER, steps_may_grow:
     """One line per flag whose value differs (flags in `may_differ` ignored; a continued run's `steps` may grow:
     the data order is fixed, so more steps only go further down the same pass)."""
     lines = []
+    saved, now = ADDED_WITH_DEFAULT | saved, ADDED_WITH_DEFAULT | now
     for k in sorted(saved.keys() | now.keys()):
         if k in may_differ or saved.get(k) == now.get(k) or (k in RECORDED_SINCE and k not in saved):
             continue

@@ -58,6 +58,9 @@ def test_settings_diff_lists_each_flag():
     assert runs.settings_diff(saved, now | {"steps": 8})[-1] == "  --steps: was 10, now 8"      # fewer steps: refused
     assert runs.settings_diff(saved, now, steps_may_grow=False)[-1] == "  --steps: was 10, now 12"
     assert runs.settings_diff(saved, saved | {"keep_last": 2, "logger": "tensorboard"}) == []
+    # a flag added to 03 since a run started: the run ran with its default, so only another value is a change
+    assert runs.settings_diff(saved, saved | {"truncated_policy": "raw"}) == []
+    assert runs.settings_diff(saved, saved | {"truncated_policy": "mask"}) == ["  --truncated-policy: was 'raw', now 'mask'"]
     # what a step samples and trains on does not depend on these two (a diagnostic's coverage, vLLM's memory)
     assert runs.settings_diff(saved | {"logprob_gap_every": 4, "vllm_sleep": True},
                               saved | {"logprob_gap_every": 1, "vllm_sleep": False}) == []

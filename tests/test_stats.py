@@ -394,6 +394,9 @@ def test_conditions_group_only_identical_settings():
     assert by_runs[("opd",)]["name"] == "opd" and by_runs[("old",)]["id"] == "unrecorded:old"
     assert len({c["id"] for c in conds}) == len(conds) == len({c["name"] for c in conds})
     assert of["raw"] == of["raw-seed1"] != of["neutral"]
+    # a run recorded before --truncated-policy existed ran with its default (raw): one condition with a new raw run
+    assert run_settings(base) == run_settings(base | {"truncated_policy": "raw"}) != \
+        run_settings(base | {"truncated_policy": "mask"})
 
 
 

@@ -21,7 +21,7 @@ import hashlib
 import json
 import re
 
-from lib.runs import MAY_DIFFER
+from lib.runs import ADDED_WITH_DEFAULT, MAY_DIFFER
 
 BOOKKEEPING = frozenset(MAY_DIFFER) | {"seed"}
 # the per-step metrics a snapshot shows (DESIGN.md §7.4 names)
@@ -34,6 +34,7 @@ def run_settings(args: dict | None) -> dict | None:
     recorded)."""
     if args is None:
         return None
+    args = ADDED_WITH_DEFAULT | args                      # a flag added since the run: the value it ran with
     return {k: args[k] for k in sorted(args) if k not in BOOKKEEPING}
 
 
