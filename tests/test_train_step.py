@@ -217,8 +217,10 @@ def test_micro_batch_plan_by_token_budget():
 
 def test_scoring_in_big_micro_batches_regrouped_equals_scoring_in_the_update_plan(world):
     """Step 2 in one micro-batch of all four rollouts (as scoring's own budget packs it on CUDA), regrouped into the
-    update's two = step 2 run on those two directly: the same top-K ids, stop flags and sampler log-probs, the
-    log-probs and entropies to float tolerance (padding differs); regrouping back returns the very tensors."""
+    update's two = step 2 run on those two directly: the same top-K ids, stop and truncation flags and sampler
+    log-probs, the log-probs (each teacher's log p(stop) too, as --eos-policy conditional asks) and entropies to float
+    tolerance (padding differs); regrouping back returns the very tensors."""
+    from lib.sample.completion import stop_ids
     from lib.train.scoring import regroup
     m03, lms, tok, outs = world["m03"], world["lms"], world["tok"], world["outs"]
     student, ref = TokenScorer(lms["student"]), TokenScorer(lms["pre"])
@@ -226,21 +228,23 @@ def test_scoring_in_big_micro_batches_regrouped_equals_scoring_in_the_update_pla
 
     def score(idx):
         batch = pack([world["prompts"][i] for i in idx], [outs[i].token_ids for i in idx], tok.pad_token_id)
-        return m03.score_micro_batch(student, teachers, ref, batch, K, [outs[i] for i in idx])
+        return m03.score_micro_batch(student, teachers, ref, batch, K, [outs[i] for i in idx], stop_t)
 
+    stop_t = torch.tensor(stop_ids(tok, builder.model_dir("student")))
     big, small, n_tok = [[0, 1, 2, 3]], [[2, 0], [3, 1]], [len(o.token_ids) for o in outs]
     assert len(set(n_tok)) > 1                                         # sequences of different lengths
     scored = [score(i) for i in big]
     got, want = regroup(scored, big, small, n_tok, skip="batch"), [score(i) for i in small]
     for g, w in zip(got, want):
         assert set(g) == set(w) - {"batch"}
-        for k in ("topk_ids", "is_stop_N", "sampler_N"):
+        for k in ("topk_ids", "is_stop_N", "is_trunc_N", "sampler_N"):
             assert torch.equal(g[k], w[k]), k
         for k in ("old_N", "old_topk", "ent_N", "ref_N", "delta_N"):
             torch.testing.assert_close(g[k], w[k], atol=1e-5, rtol=1e-5)
         for k in ("pi_post", "pi_pre"):
             torch.testing.assert_close(g["lp_t"][k], w["lp_t"][k], atol=1e-5, rtol=1e-5)
             torch.testing.assert_close(g["ent_t"][k], w["ent_t"][k], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(g["lp_stop_t"][k], w["lp_stop_t"][k], atol=1e-5, rtol=1e-5)
     back, orig = leaves(regroup(got, small, big, n_tok)[0]), leaves(scored[0])
     assert back.keys() == orig.keys() and all(torch.equal(back[k], orig[k]) for k in orig)
 
