@@ -250,6 +250,67 @@ def test_attn_in_rotates_q_and_k_together_as_each_alone(compiled):
         assert torch.equal(got, want) if not compiled else torch.allclose(got, want, atol=1e-4, rtol=1e-5)
 
 
+@pytest.mark.parametrize("share", [True, False], ids=["shared", "per-request"])
+def test_fast_prefill_writes_and_draws_what_the_model_modules_prefill_does(tiny, monkeypatch, share):
+    """The packed prefill through v2's blocks (`fast_prefill`, the CUDA default with fused GEMMs) against the packed
+    prefill through the model's own modules: every slot's cache rows [0, L) in every layer (to 1e-5), the first token
+    drawn and its log-prob, with odd prompt lengths (1 included), a prompt shared by several requests, requests in
+    another order than their slots, and two passes (a prefill_tokens limit that splits the prompts). The fast path
+    must run without the modules' path (a K/V row written one position off, a prompt's rotation running on from the
+    last, a missed final norm fail it)."""
+    _, model = tiny
+    ps = odd_prompts()
+    prompts = [ps[i] for i in (3, 0, 3, 5, 1, 6, 3, 2)]                       # prompt 3 asked three times
+    seeds = [11 * i + 5 for i in range(len(prompts))]
+    slots = [7, 2, 0, 5, 1, 3, 6, 4]
+    got = []
+    for fast in (True, False):
+        dec = Decoder(model, slots=8, max_len=20, max_new_tokens=4, stop_ids=[0], mode="fast", packed_prefill=True,
+                      fast_prefill=fast, share_prefill=share, prefill_tokens=20, **V2)
+        assert dec.fast_prefill is fast
+        if fast:
+            monkeypatch.setattr(dec, "_forward_prefill_packed", None)      # the modules' path may not run
+        dec.greedy, dec.use_top_p = False, False
+        dec.temp.fill_(1.0)
+        dec._prefill(slots, prompts, seeds)
+        got.append(dec)
+    a, b = got
+    assert a.prefill_tokens_run == b.prefill_tokens_run and torch.equal(a.pos_S, b.pos_S)
+    assert torch.equal(a.tok_S, b.tok_S) and torch.allclose(a.out_lp_SN[:, 0], b.out_lp_SN[:, 0], atol=1e-5)
+    for s, p in zip(slots, prompts):
+        for x, y in zip(a.k + a.v, b.k + b.v):
+            assert torch.allclose(x[s, :, :len(p)], y[s, :, :len(p)], atol=1e-5), (s, len(p))
+
+
+def test_compiled_prefill_blocks_serve_every_pass_length_with_one_graph():
+    """The prefill's blocks compiled by Inductor with the pass's tokens marked dynamic: passes of 5, 9 and 3 tokens
+    run one graph each block (a recompile per length would cost seconds in every 03 step) and equal the eager
+    blocks up to float32 rounding."""
+    from lib.sample.decode_step import make_prefill_blocks, mark_tokens_dynamic
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(5)
+    E, FF, H, Hkv, D = 64, 96, 4, 2, 16
+    rnd = lambda *shape: torch.randn(*shape, generator=g)  # noqa: E731
+    qkv, wo, gu, wd = [(rnd((H + 2 * Hkv) * D, E), rnd((H + 2 * Hkv) * D))], (rnd(E, E), None), [(rnd(2 * FF, E),
+                                                                                                  None)], (rnd(E, FF), None)
+    ln0, ln2, ln_next = rnd(E), rnd(E), rnd(E)
+    eager = make_prefill_blocks(H, Hkv, D, 1e-6, torch.nn.functional.silu, False)
+    comp = make_prefill_blocks(H, Hkv, D, 1e-6, torch.nn.functional.silu, True)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for M in (5, 9, 3):
+            x, o, angle = rnd(M, E), rnd(M, E), rnd(M, 1, D)
+            cos, sin = angle.cos(), angle.sin()
+            outs = []
+            for rms, attn_in, attn_out_mlp in (eager, comp):
+                mark_tokens_dynamic(x, o, cos, sin)
+                h = rms(x, ln0)
+                mark_tokens_dynamic(h)
+                outs.append((h, *attn_in(h, qkv, None, None, 0.0, cos, sin), *attn_out_mlp(x, o, wo, ln2, gu, wd,
+                                                                                           ln_next)))
+            for want, got in zip(*outs):
+                assert got.shape == want.shape and torch.allclose(got, want, atol=1e-4, rtol=1e-4)
+
+
 def test_skinny_gemm_options_run_every_projection_through_the_kernel(tiny, monkeypatch):
     """gemm_opts reach the blocks: each decode step calls the Triton partials once per projection and layer, with
     that projection's tiling (the greedy test above checks the tokens)."""

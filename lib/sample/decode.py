@@ -6,7 +6,9 @@
               to end in one row (`packed_prefill`, the CUDA default: lib/kernels/varlen.py's attention keeps each
               prompt to itself), or right-padded to the longest (CPU): padded, a step's 64 training prompts of
               60–830 tokens cost 64 × the longest, 2.5–5× their sum, and the step's generation time followed the
-              longest prompt of the step
+              longest prompt of the step. With v2's fused weights the packed pass runs v2's blocks over its tokens
+              (`fast_prefill`, default on there: one q|k|v and one gate|up GEMM a layer, norms, rotation, residuals
+              and act·up compiled into few kernels, one graph for every pass length), not the model's modules
     decode    one token for every slot: forward (S, 1) → draw (lib/sample/draw.py) → stop / cap bookkeeping, all on
               device; on CUDA each step is one replay of a captured CUDA graph (no host sync, no Python per kernel)
     refill    every `sync_every` steps the host reads which slots finished, collects them and, once ≥ 1/8 of the
@@ -93,7 +95,7 @@ class Decoder:
                  fuse: bool | None = None, fuse_gemms: bool | None = None, compile_step: bool | str | None = None,
                  attn_opts: dict | None = None, draw_blocked: bool | None = None,
                  compile_draw: bool | str | None = None, gemm_opts: dict | None = None, share_prefill: bool = True,
-                 packed_prefill: bool | None = None):
+                 packed_prefill: bool | None = None, fast_prefill: bool | None = None):
         cfg = model.config
         if not runs(model):
             raise TypeError(f"lib.sample.decode runs full-attention {SUPPORTED} decoders; {type(model).__name__} "
@@ -133,6 +135,14 @@ class Decoder:
                           else {k: tiling(v) for k, v in gemm_opts.items()})
             self.blocks = make_blocks(self.H, self.Hkv, self.D, self.eps, act, self.compile_step or False, self.gemms)
             self.weights = FusedWeights(model, self.fuse_gemms)
+        # fast_prefill: the packed prefill through v2's blocks and fused weights (compiled with the step), not the
+        # model's modules run eagerly
+        self.fast_prefill = bool(self.v2 and self.fuse_gemms and self.packed_prefill and
+                                 (True if fast_prefill is None else fast_prefill))
+        if self.fast_prefill:
+            from lib.sample.decode_step import make_prefill_blocks
+            self.prefill_blocks = make_prefill_blocks(self.H, self.Hkv, self.D, self.eps, act,
+                                                      bool(self.compile_step))
         self.split_attn = None
         if self.attn_impl == "triton":   # imported lazily (TRITON_INTERPRET is read at its import); attn_opts:
             from lib.sample.decode_triton import SplitAttention
@@ -211,6 +221,41 @@ class Decoder:
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         last = x[0].index_select(0, cu[1:].long() - 1)                     # (U, E): each prompt's last token
         return self.model.lm_head(self.model.model.norm(last)).index_select(0, rows_B)
+
+    def _forward_prefill_fast(self, prompts_U: list[list[int]], slots_B, rows_B):
+        """`_forward_prefill_packed` through v2's blocks (lib/sample/decode_step.make_prefill_blocks): per layer one
+        GEMM for q|k|v and one for gate|up on the fused weights, rotation, residual adds, norms and act·up fused into
+        the compiled blocks' kernels, over the (Σ L, E) tokens of the pass; attention by lib/kernels/varlen.py as
+        there. The same K/V rows and last-token logits up to the rounding of the fused GEMMs and kernels."""
+        from lib.kernels import varlen
+        from lib.sample.decode_step import mark_tokens_dynamic
+        dev, lens = self.device, [len(p) for p in prompts_U]
+        cu = varlen.cu_seqlens(lens).to(dev)                               # (U + 1,) int32 boundaries
+        lens_U, start_U = torch.tensor(lens, device=dev), cu[:-1].long()
+        ids = torch.tensor([t for p in prompts_U for t in p], device=dev)               # (M,) M = Σ L
+        pos = _ramps(lens_U)                                               # (M,) restarting at 0 at each prompt
+        lens_B = lens_U.index_select(0, rows_B)
+        dst_slot, dst_pos = torch.repeat_interleave(slots_B, lens_B), _ramps(lens_B)
+        src = torch.repeat_interleave(start_U.index_select(0, rows_B), lens_B) + dst_pos
+        rms, attn_in, attn_out_mlp = self.prefill_blocks
+        M, H, D = ids.shape[0], self.H, self.D
+        x = self.model.model.embed_tokens(ids)                             # (M, E)
+        cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]          # (M, 1, D)
+        mark_tokens_dynamic(x, cos, sin)
+        h = rms(x, self.layers[0].input_layernorm.weight)
+        for l, (layer, w) in enumerate(zip(self.layers, self.weights.layers)):
+            attn = layer.self_attn
+            mark_tokens_dynamic(x, h)
+            q, k, v = attn_in(h, w["qkv"], w["q_norm"], w["k_norm"], w["qk_eps"], cos, sin)   # (M, H|H_kv, D)
+            self.k[l][dst_slot, :, dst_pos] = k.index_select(0, src)       # (Σ_b L_b, H_kv, D)
+            self.v[l][dst_slot, :, dst_pos] = v.index_select(0, src)
+            o, _ = varlen.attention(attn, *(t.transpose(0, 1)[None] for t in (q, k, v)), None, scaling=attn.scaling,
+                                    cu_seq_lens_q=cu, max_length_q=max(lens))             # (1, M, H, D)
+            o = o[0].reshape(M, H * D)
+            mark_tokens_dynamic(o)
+            x, h = attn_out_mlp(x, o, w["wo"], w["ln2"], w["gate_up"], w["wd"], w["ln_next"])
+        last = h.index_select(0, cu[1:].long() - 1)                        # (U, E): each prompt's last token, normed
+        return self.model.lm_head(last).index_select(0, rows_B)
 
     def _attend(self, q, k, v, mask, scale):
         """(S, H_kv, G, D) queries against (S, H_kv, kv, D): SDPA, or two batched GEMMs (`attn_impl="matmul"`)."""
@@ -338,7 +383,8 @@ class Decoder:
             slot_t = torch.tensor([slots[b] for b in mine], device=self.device)
             lo, hi = split_seeds([seeds[b] for b in mine], self.device)
             if self.packed_prefill:
-                logits = self._forward_prefill_packed(ps, slot_t, rows_b)
+                fwd = self._forward_prefill_fast if self.fast_prefill else self._forward_prefill_packed
+                logits = fwd(ps, slot_t, rows_b)
                 self.prefill_tokens_run += sum(len(p) for p in ps)
             else:
                 ids = torch.tensor([p + [0] * (T - len(p)) for p in ps], device=self.device)     # (U, T) right-padded

@@ -110,6 +110,31 @@ def make_blocks(H: int, Hkv: int, D: int, eps: float, act, compile_mode: str | N
     return torch.compile(attn_in, **kw), torch.compile(attn_out_mlp, **kw)
 
 
+def make_prefill_blocks(H: int, Hkv: int, D: int, eps: float, act, compile_on: bool):
+    """(rms, attn_in, attn_out_mlp) for the packed prefill (lib/sample/decode.py `fast_prefill`): v2's two blocks
+    over the M tokens of a pass, cuBLAS GEMMs throughout, and the first layer's norm. Compiled (unless compile_on is
+    False) with the default dynamic-shape policy: the caller marks M dynamic (`mark_tokens_dynamic`), so one graph
+    serves every pass length. What it replaces, the model's own modules run eagerly, spent ≈ 8 passes over a
+    (M, E) fp32 tensor per norm, and gate and up as two GEMMs with act·up in two more passes."""
+    attn_in, attn_out_mlp = make_blocks(H, Hkv, D, eps, act, False, None)
+
+    def rms(x, w):
+        return _rms(x, w, eps)
+
+    if not compile_on:
+        return rms, attn_in, attn_out_mlp
+    kw = dict(fullgraph=True)
+    return torch.compile(rms, **kw), torch.compile(attn_in, **kw), torch.compile(attn_out_mlp, **kw)
+
+
+def mark_tokens_dynamic(*ts):
+    """Mark dim 0 (the pass's tokens) of each tensor dynamic for torch.compile, where it can be (≥ 2 rows: sizes 0
+    and 1 are always specialised)."""
+    for t in ts:
+        if t.shape[0] >= 2:
+            torch._dynamo.mark_dynamic(t, 0)
+
+
 def _wb(lin):
     """A Linear's (weight, bias) as plain tensors sharing its storage (no Parameter: one compiled graph for all)."""
     return lin.weight.detach(), None if lin.bias is None else lin.bias.detach()
