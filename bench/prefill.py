@@ -47,8 +47,17 @@ def parse(argv=None):
     p.add_argument("--rollouts", type=int, default=4, help="requests per prompt (03's --rollouts)")
     p.add_argument("--max-prompt-len", type=int, default=768, help="longer prompts dropped, as 03 --drop-overlong")
     p.add_argument("--reps", type=int, default=3, help="timed passes per step and variant (after one warm-up)")
+    p.add_argument("--prompt-len", type=int, default=None,
+                   help="every prompt this many random ids (no --data): the rollout benchmark's prompts")
+    p.add_argument("--variants", default="packed,padded",
+                   help="comma-separated, of " + ", ".join(VARIANTS) + "; the first two are compared (K/V, tokens)")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     return p.parse_args(argv)
+
+
+VARIANTS = {"packed": dict(packed_prefill=True),                   # the CUDA default (fast_prefill with v2)
+            "padded": dict(packed_prefill=False),
+            "packed_modules": dict(packed_prefill=True, fast_prefill=False)}   # packed, the model's own modules
 
 
 def step_prompts(args, vocab: int) -> list[list[list[int]]]:
@@ -73,7 +82,7 @@ def step_prompts(args, vocab: int) -> list[list[list[int]]]:
                      f"needs {need}: pass fewer --steps")
     else:
         g = torch.Generator().manual_seed(0)
-        lens = torch.randint(60, 831, (need,), generator=g).tolist()
+        lens = [args.prompt_len] * need if args.prompt_len else torch.randint(60, 831, (need,), generator=g).tolist()
         ids = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lens]
     return [ids[s * args.prompts:(s + 1) * args.prompts] for s in range(args.steps)]
 
@@ -103,15 +112,17 @@ def main(argv=None):
     results = {"shape": args.shape, "data": args.data, "prompts": args.prompts, "rollouts": args.rollouts,
                "device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
                "date": time.strftime("%Y-%m-%d"), "steps": []}
+    names = args.variants.split(",")
     decs = {name: Decoder(model, slots=S, max_len=T, max_new_tokens=8, stop_ids=[model.config.vocab_size],
-                          mode="fast", packed_prefill=name == "packed") for name in ("packed", "padded")}
+                          mode="fast", **VARIANTS[name]) for name in names}
     for d in decs.values():
         d.greedy, d.use_top_p = False, False                     # what run() sets for 03's T = 1 rollouts
     print(f"prefill of {args.prompts} prompts × {args.rollouts} requests into {S} slots, shape {args.shape}, "
           f"{results['device']}")
-    print("| step | longest | Σ prompt tokens | padded tokens | packed ms | padded ms | padded / packed | first tokens "
-          "equal | K/V max diff / max: layer 0 K | last layer V |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    a_, b_ = names[0], names[1] if len(names) > 1 else names[0]
+    print(f"| step | longest | Σ prompt tokens | padded tokens | " + " | ".join(f"{n} ms" for n in names) +
+          f" | {b_} / {a_} | first tokens equal | K/V max diff / max: layer 0 K | last layer V |")
+    print("|---|---|---|---|" + "---|" * len(names) + "---|---|---|---|")
     with torch.no_grad():
         for i, ps in enumerate(steps, 1):
             prompts = [p for p in ps for _ in range(args.rollouts)]
@@ -123,7 +134,7 @@ def main(argv=None):
                 row[f"{name}_s"] = statistics.median(timed_prefill(dec, prompts, seeds, cuda)
                                                      for _ in range(args.reps))
             # the two variants' results after the step's last pass: first tokens, their log-probs, the K/V written
-            a, b = decs["packed"], decs["padded"]
+            a, b = decs[a_], decs[b_]
             row["first_tokens_equal"] = int((a.tok_S == b.tok_S).sum())
             for key, x, y in (("k0", a.k[0], b.k[0]), ("v_last", a.v[-1], b.v[-1])):
                 xs = torch.cat([x[r, :, :len(p)].flatten() for r, p in enumerate(prompts)]).float()
@@ -131,8 +142,8 @@ def main(argv=None):
                 row[f"kv_rel_diff_{key}"] = float((xs - ys).abs().max() / ys.abs().max())
             results["steps"].append(row)
             print(f"| {i} | {row['longest']} | {row['tokens']:,} | {row['padded_tokens']:,} | "
-                  f"{row['packed_s'] * 1e3:.1f} | {row['padded_s'] * 1e3:.1f} | "
-                  f"{row['padded_s'] / row['packed_s']:.2f}× | {row['first_tokens_equal']}/{len(prompts)} | "
+                  + "".join(f"{row[n + '_s'] * 1e3:.1f} | " for n in names) +
+                  f"{row[b_ + '_s'] / row[a_ + '_s']:.2f}× | {row['first_tokens_equal']}/{len(prompts)} | "
                   f"{row['kv_rel_diff_k0']:.2g} | {row['kv_rel_diff_v_last']:.2g} |", flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1))

@@ -22,8 +22,8 @@ share them too); its rows carry `share`.
 Methods: `ours` (the decoder's CUDA defaults: fused q|k|v and gate|up GEMMs, compiled layer blocks, Triton split-K
 attention over the live length, the fast draw's two-level search, the draw compiled whole), `ours_prev` (the
 configuration before them: bench/RESULTS.md §6, decoder run 2), `ours_exact` (ours with exact Gumbel-max draws),
-ablations `ours_nofuse`, `ours_nocompile`, `ours_matmul`, `ours_plaindraw`, `ours_eagerdraw` (ours with one optimization
-off), `ours_autotune` (the blocks compiled with mode max-autotune-no-cudagraphs: minutes of compile per slot count),
+ablations `ours_nofuse`, `ours_nocompile`, `ours_matmul`, `ours_plaindraw`, `ours_eagerdraw`, `ours_modprefill` (ours
+with one optimization off; modprefill: the packed prefill through the model's own modules, as before fast_prefill), `ours_autotune` (the blocks compiled with mode max-autotune-no-cudagraphs: minutes of compile per slot count),
 `vllm` (vLLM's LLM on the same random weights, saved with save_pretrained; one engine per shape, started after the other
 methods and freed before the next shape; in this process, as lib/sample/vllm_engine.py runs it, unless
 `--vllm-multiprocess`; no seed, no log-probs) and its variants in VLLM_VARIANTS: `vllm_seeded` (as
@@ -70,6 +70,7 @@ VARIANTS = {   # decoder options per method (mode + the switches lib/sample/deco
     "ours_matmul": dict(mode="fast", attn_impl="matmul"), "ours_plaindraw": dict(mode="fast", draw_blocked=False),
     "ours_autotune": dict(mode="fast", compile_step="max-autotune-no-cudagraphs"),
     "ours_eagerdraw": dict(mode="fast", compile_draw=False),
+    "ours_modprefill": dict(mode="fast", fast_prefill=False),     # the packed prefill through the model's modules
 }
 VLLM_VARIANTS = {   # vLLM method: (a seed per request, log-prob on every k-th request: 0 none, 1 all, prefix cache
     #                  dropped before each timed call)
