@@ -33,14 +33,14 @@ def ints(H: int, Hkv: int, D: int, T: int, chunk: int) -> dict:
     """The integer arguments of one call: q|k|v as views of one (S, (H + 2·H_kv)·D) projection, caches
     (S, H_kv, T, D)."""
     row = (H + 2 * Hkv) * D
-    return dict(sq_s=row, sq_h=D, sk_s=row, sk_h=D, sv_s=row, sv_h=D, sc_s=Hkv * T * D, sc_h=T * D, sc_t=D, T=T,
-                n_split=-(-T // chunk))
+    return dict(sq_s=row, sq_h=D, sk_s=row, sk_h=D, sv_s=row, sv_h=D, sc_s=Hkv * T * D, sc_h=T * D, sc_t=D,
+                so_s=H * D, so_h=D, T=T, n_split=-(-T // chunk))
 
 
 def compile_split(name: str, H=12, Hkv=2, D=128, T=1088, dtype="bf16"):
     t = tiling(name)
     const = dict(G=H // Hkv, GP=max(16, triton.next_power_of_2(H // Hkv)), D=D, CHUNK=t["chunk"],
-                 BLOCK=min(t["block"], t["chunk"]), TMA=t["tma"], UPCAST=False)
+                 BLOCK=min(t["block"], t["chunk"]), TMA=t["tma"], UPCAST=False, DIRECT=t["chunk"] >= T)
     values = ints(H, Hkv, D, T, t["chunk"])
     sig, attrs = {}, {}
     for i, arg in enumerate(inspect.signature(_split_kernel.fn).parameters):

@@ -51,6 +51,9 @@ def parse(argv=None):
                    help="every prompt this many random ids (no --data): the rollout benchmark's prompts")
     p.add_argument("--variants", default="packed,padded",
                    help="comma-separated, of " + ", ".join(VARIANTS) + "; the first two are compared (K/V, tokens)")
+    p.add_argument("--profile", action="store_true",
+                   help="after each step, one more prefill of each variant under torch.profiler: device time per "
+                   "kernel class and the largest kernels (bench/profile_step.py's table)")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     return p.parse_args(argv)
 
@@ -140,6 +143,12 @@ def main(argv=None):
                 xs = torch.cat([x[r, :, :len(p)].flatten() for r, p in enumerate(prompts)]).float()
                 ys = torch.cat([y[r, :, :len(p)].flatten() for r, p in enumerate(prompts)]).float()
                 row[f"kv_rel_diff_{key}"] = float((xs - ys).abs().max() / ys.abs().max())
+            if args.profile:
+                from bench.profile_step import profile_table
+                for name, dec in decs.items():
+                    row[f"{name}_profile"] = tab = profile_table(lambda d=dec: d._prefill(
+                        list(range(len(prompts))), prompts, seeds), cuda, top=15)
+                    print(f"profile {name}: {json.dumps(tab)}", flush=True)
             results["steps"].append(row)
             print(f"| {i} | {row['longest']} | {row['tokens']:,} | {row['padded_tokens']:,} | "
                   + "".join(f"{row[n + '_s'] * 1e3:.1f} | " for n in names) +

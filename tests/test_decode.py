@@ -136,13 +136,15 @@ def test_refuses_other_architectures_and_overlong_prompts(tiny):
 
 
 @pytest.mark.parametrize("opts,T,edge", [({"chunk": 16}, 70, 16), ({}, 200, 128),
-                                         ({"chunk": 32, "block": 16, "tma": True}, 70, 32)],
-                         ids=["chunk16", "defaults", "tiles-of-16-tma"])
+                                         ({"chunk": 32, "block": 16, "tma": True}, 70, 32),
+                                         ({"chunk": 128, "block": 16}, 70, 32)],
+                         ids=["chunk16", "defaults", "tiles-of-16-tma", "one-chunk-direct"])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 def test_split_attention_kernel_equals_a_float64_reference_and_writes_the_new_row(dtype, tol, opts, T, edge):
     """GQA with G = 3 (padded to 16 rows); chunks of 16 (5, the last ragged), the CUDA defaults (chunks of 128 in
     tiles of 64, 2 stages: 2 chunks, the last ragged) or chunks of 32 in tiles of 16 read through tensor
-    descriptors; positions 0, edge − 1, edge (a chunk boundary) and T − 1; the new k, v come from the arguments,
+    descriptors, or one chunk spanning the cache (its output written by the split, no combine); positions 0,
+    edge − 1, edge (a chunk or tile boundary) and T − 1; the new k, v come from the arguments,
     land in the cache at pos, and nothing else is written."""
     from lib.sample.decode_triton import SplitAttention
     S, H, Hkv, D, dev = 4, 6, 2, 32, "cuda" if torch.cuda.is_available() else "cpu"

@@ -46,11 +46,13 @@ NEG = tl.constexpr(-1.0e30)            # "minus infinity" that keeps exp(m − m
 
 
 @triton.jit
-def _split_kernel(Q, KN, VN, KC, VC, KD, VD, POS, PO, PM, PL, scale,
-                  sq_s, sq_h, sk_s, sk_h, sv_s, sv_h, sc_s, sc_h, sc_t, T, n_split,
+def _split_kernel(Q, KN, VN, KC, VC, KD, VD, POS, PO, PM, PL, O, scale,
+                  sq_s, sq_h, sk_s, sk_h, sv_s, sv_h, sc_s, sc_h, sc_t, so_s, so_h, T, n_split,
                   G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
-                  TMA: tl.constexpr, UPCAST: tl.constexpr):
-    """Program (s, j, c). KD, VD: the caches as (S·H_kv·T, D) tensor descriptors of (BLOCK, D) boxes when TMA."""
+                  TMA: tl.constexpr, UPCAST: tl.constexpr, DIRECT: tl.constexpr):
+    """Program (s, j, c). KD, VD: the caches as (S·H_kv·T, D) tensor descriptors of (BLOCK, D) boxes when TMA.
+    DIRECT (one chunk spans the cache): the program normalises its sum and writes the output O itself, no
+    partials, no combine."""
     s, j, c = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     Hkv = tl.num_programs(1)
     pos = tl.load(POS + s).to(tl.int32)
@@ -93,10 +95,15 @@ def _split_kernel(Q, KN, VN, KC, VC, KD, VD, POS, PO, PM, PL, scale,
             acc = acc * alpha[:, None] + pv + p_new[:, None] * vn.to(tl.float32)[None, :]
             l = l * alpha + tl.sum(p, 1)
             m = m_new
-        row = ((s * Hkv + j) * n_split + c) * G + g                                  # (S, H_kv, n_split, G)
-        tl.store(PM + row, m, mask=g < G)
-        tl.store(PL + row, l, mask=g < G)
-        tl.store(PO + row[:, None] * D + d[None, :], acc, mask=(g < G)[:, None])
+        if DIRECT:                                              # the only chunk: l > 0 (it holds row pos)
+            o = acc / l[:, None]
+            tl.store(O + s * so_s + (j * G + g)[:, None] * so_h + d[None, :], o.to(O.dtype.element_ty),
+                     mask=(g < G)[:, None])
+        else:
+            row = ((s * Hkv + j) * n_split + c) * G + g                              # (S, H_kv, n_split, G)
+            tl.store(PM + row, m, mask=g < G)
+            tl.store(PL + row, l, mask=g < G)
+            tl.store(PO + row[:, None] * D + d[None, :], acc, mask=(g < G)[:, None])
 
 
 @triton.jit
@@ -161,12 +168,15 @@ class SplitAttention:
         assert kc.stride() == vc.stride() and kc.stride(-1) == q.stride(-1) == k.stride(-1) == v.stride(-1) == 1
         assert kc.shape[2] == self.T, f"a cache of {kc.shape[2]} positions for a SplitAttention built for {self.T}"
         kd, vd = self._descriptors(kc, vc) if self.tma else (kc, vc)
+        direct = self.n_split == 1
         self.compiled = _split_kernel[(S, Hkv, self.n_split)](
-            q, k, v, kc, vc, kd, vd, pos, self.po, self.pm, self.pl, scale,
+            q, k, v, kc, vc, kd, vd, pos, self.po, self.pm, self.pl, self.out, scale,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            kc.stride(0), kc.stride(1), kc.stride(2), self.T, self.n_split,
+            kc.stride(0), kc.stride(1), kc.stride(2), self.out.stride(0), self.out.stride(1), self.T, self.n_split,
             G=G, GP=max(16, triton.next_power_of_2(G)), D=D, CHUNK=self.chunk, BLOCK=self.block, TMA=self.tma,
-            UPCAST=INTERPRET and q.dtype != torch.float32, **self.launch)
+            UPCAST=INTERPRET and q.dtype != torch.float32, DIRECT=direct, **self.launch)
+        if direct:
+            return self.out
         _combine_kernel[(S, self.H)](self.po, self.pm, self.pl, self.out, pos, self.out.stride(0), self.out.stride(1),
                                      self.n_split, G=G, D=D, NP=triton.next_power_of_2(self.n_split),
                                      CHUNK=self.chunk, num_warps=1)
