@@ -287,7 +287,7 @@ def test_fast_prefill_writes_and_draws_what_the_model_modules_prefill_does(tiny,
 def test_compiled_prefill_blocks_serve_every_pass_length_with_one_graph():
     """The prefill's blocks compiled by Inductor with the pass's tokens marked dynamic: passes of 5, 9 and 3 tokens
     run one graph each block (a recompile per length would cost seconds in every 03 step) and equal the eager
-    blocks up to float32 rounding."""
+    blocks up to float32 rounding; q, k and v come out contiguous."""
     from lib.sample.decode_step import make_prefill_blocks, mark_tokens_dynamic
     torch._dynamo.reset()
     g = torch.Generator().manual_seed(5)
@@ -311,6 +311,21 @@ def test_compiled_prefill_blocks_serve_every_pass_length_with_one_graph():
                                                                                            ln_next)))
             for want, got in zip(*outs):
                 assert got.shape == want.shape and torch.allclose(got, want, atol=1e-4, rtol=1e-4)
+            assert all(t.is_contiguous() for o in outs for t in o[1:4])        # q, k, v as the varlen kernel reads
+
+
+def test_attention_tiling_is_chosen_by_shape_and_slots(tiny, monkeypatch):
+    """decode_triton.ATTN_TILINGS: the last entry for the model's (H, H_kv, D) whose slot minimum ≤ the slots, the
+    class defaults for fewer slots or other heads, and attn_opts over both. The 7B heads' table as measured."""
+    import lib.sample.decode_triton as dt
+    assert dt.default_tiling(256, 28, 4, 128) == dict(chunk=2048, block=32, warps=2, stages=4)
+    assert dt.default_tiling(64, 28, 4, 128)["block"] == 64 and dt.default_tiling(255, 28, 4, 128)["block"] == 64
+    assert dt.default_tiling(63, 28, 4, 128) == {} == dt.default_tiling(256, 12, 2, 128)
+    monkeypatch.setitem(dt.ATTN_TILINGS, (4, 2, 32), [(3, dict(chunk=64, block=16)), (5, dict(chunk=32))])
+    chunk = lambda slots, **kw: Decoder(tiny[1], slots=slots, max_len=40, max_new_tokens=4, stop_ids=[0],  # noqa: E731
+                                        mode="fast", **V2_TRITON | kw).split_attn.chunk
+    assert (chunk(2, attn_opts=None), chunk(3, attn_opts=None), chunk(6, attn_opts=None)) == (128, 64, 32)
+    assert chunk(6) == 16                                                # attn_opts given: the table unread
 
 
 def test_skinny_gemm_options_run_every_projection_through_the_kernel(tiny, monkeypatch):

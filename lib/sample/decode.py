@@ -24,7 +24,8 @@ its own row. Grouped-query attention without copying K/V: a kv head's G query he
     v2   (CUDA default) one GEMM for q|k|v and one for gate|up (`fuse_gemms`: concatenated copies of the weights,
          rebuilt from the model at the start of every `run`), each layer two torch.compile'd blocks
          (`compile_step`, a torch.compile mode if a str), attention by lib/sample/decode_triton.py over each slot's
-         live length (`attn_impl="triton"`, tuned by `attn_opts`; no buckets: one graph for every length), GEMMs by
+         live length (`attn_impl="triton"`, tuned by `attn_opts`, else by shape: decode_triton.ATTN_TILINGS; no
+         buckets: one graph for every length), GEMMs by
          lib/sample/skinny_gemm.py (`gemm_opts`, {projection: tiling}; else its defaults: down_proj at ≤ 64 slots);
          the fast draw's cumulative sums in two levels (`draw_blocked`, lib/sample/draw.py), the step's fast or
          greedy draw compiled whole (`compile_draw`, a backend if a str: ~110 launch-bound kernels → a few; exact
@@ -145,9 +146,10 @@ class Decoder:
                                                       bool(self.compile_step))
         self.split_attn = None
         if self.attn_impl == "triton":   # imported lazily (TRITON_INTERPRET is read at its import); attn_opts:
-            from lib.sample.decode_triton import SplitAttention
+            from lib.sample.decode_triton import SplitAttention, default_tiling
+            opts = default_tiling(slots, self.H, self.Hkv, self.D) if attn_opts is None else attn_opts
             self.split_attn = SplitAttention(slots, self.H, self.Hkv, self.D, max_len, self.dtype, self.device,
-                                             **attn_opts or {})                # chunk, block, warps, stages
+                                             **opts)                           # chunk, block, warps, stages
         kw = dict(device=self.device, dtype=self.dtype)
         self.k = [torch.zeros(slots, self.Hkv, max_len, self.D, **kw) for _ in self.layers]   # (S, H_kv, T, D)
         self.v = [torch.zeros_like(k) for k in self.k]

@@ -122,6 +122,26 @@ def _combine_kernel(PO, PM, PL, O, POS, so_s, so_h, n_split, G: tl.constexpr, D:
     tl.store(O + s * so_s + h * so_h + d, o.to(O.dtype.element_ty))
 
 
+# Tilings by attention shape (query heads, kv heads, head_dim) → [(minimum slots, SplitAttention options)], the
+# last entry whose minimum ≤ the slot count applying; other shapes and fewer slots take the class defaults. Measured
+# on one H200, 2026-12-04 (bench/RESULTS.md §3: bench/decode_attn.py, split + combine, a cache of 1,536 positions):
+# at the 7B heads one chunk spanning the cache (the split writes the output; no combine) took 25.7 / 38.7 / 48.3 µs
+# at 64 slots decoding at 600 / 1,024 / 1,400 and 85.2 / 137.1 / 180.4 µs at 256 slots, against 31.7 / 46.3 / 58.1
+# and 100.1 / 163.9 / 210.6 µs for the default (chunks of 128); at 256 slots tiles of 32 and 2 warps took 84.6 /
+# 135.7 / 178.3 µs, at 64 slots 29.8 / 46.5 / 59.6. The 1.5B heads keep the defaults (single chunks there were
+# within 1.5 % of them).
+ATTN_TILINGS: dict[tuple[int, int, int], list[tuple[int, dict]]] = {
+    (28, 4, 128): [(64, dict(chunk=2048, block=64, warps=4, stages=3)),
+                   (256, dict(chunk=2048, block=32, warps=2, stages=4))],
+}
+
+
+def default_tiling(S: int, H: int, Hkv: int, D: int) -> dict:
+    """SplitAttention options for S slots of H query and Hkv kv heads of D (ATTN_TILINGS), {} for the defaults."""
+    fit = [opts for least, opts in ATTN_TILINGS.get((H, Hkv, D), []) if least <= S]
+    return dict(fit[-1]) if fit else {}
+
+
 class SplitAttention:
     """Preallocated partial buffers for S slots × H_kv kv heads × ⌈T / chunk⌉ chunks; `__call__` runs one layer.
     Defaults from bench/decode_attn.py's sweep of 14 tilings on one H200 (2026-12-02, ninth run; 1.5B heads, bf16,
