@@ -136,26 +136,29 @@ wait_all
 COLLAPSE_ARM=${COLLAPSE_ARM:-default}
 if [ "$PAIR" = toy ] && [ "$COLLAPSE_ARM" != 0 ]; then
   echo "== 3b. the collapse arm: Direct-OPD on toy-collapse (π_post has unlearned its stop token), raw and fixes =="
-  # DESIGN.md §10. By default the raw condition and --eos-policy neutral for every seed, and the other five fixes for
-  # the first seed only (11 runs): enough for the report to say which fixes did not prevent the collapse, within the
-  # campaign's time; COLLAPSE_ARM=all runs every fix for every seed (21 runs). One run name per condition and seed;
+  # DESIGN.md §10. By default the raw condition and the two zero-stop-reward fixes (--eos-policy neutral, the method's
+  # terminal form, and neutral-all, ours, for every top-K candidate) for every seed, and the other five fixes for the
+  # first seed only (14 runs): enough for the report to say which fixes did not prevent the collapse, within the
+  # campaign's time; COLLAPSE_ARM=all runs every fix for every seed (24 runs). One run name per condition and seed;
   # 05 pools only runs of identical settings (lib/report/conditions.py). The learning rates are lib/registry.py's
   # TOY_COLLAPSE_LR / TOY_COLLAPSE_LOW_LR (its hypotheses select the conditions by them); the caps are the student
-  # toy-long's (64 response tokens). The raw condition's last checkpoints are evaluated: a collapsed student's truncated samples, and
-  # whether they still hold its answer (source §8.3). 20 steps of 16 prompts × 4: every raw seed collapses (onset at
-  # step 2 / 9 / 6) in 5 min for the arm's 6 runs; 30 of 32 × 4 collapsed too but took 11 min.
-  COLLAPSE_FLAGS=(--pair toy-collapse --reward delta-topk --steps 20 --batch-prompts 16 --lr 2e-3 --save-every 20
+  # toy-long's (64 response tokens). The raw condition's last checkpoints are evaluated: a collapsed student's
+  # truncated samples, and whether they still hold its answer (source §8.3). 20 steps of 16 prompts × 4 at lr 2.5e-3:
+  # on the AMD EPYC's bytes every raw seed of five collapsed (onsets 3-6) and neutral-all held all five; at lr 2e-3
+  # one raw seed of five never reached the onset (bench/collapse_fixes.py; DESIGN.md §10 has the table).
+  COLLAPSE_FLAGS=(--pair toy-collapse --reward delta-topk --steps 20 --batch-prompts 16 --lr 2.5e-3 --save-every 20
                   --micro-batch 32)
   COLLAPSE_CONDITIONS=(           # name: the flags added to COLLAPSE_FLAGS (a later --lr overrides the first)
     "raw:"
     "eos-neutral:--eos-policy neutral"
+    "eos-neutral-all:--eos-policy neutral-all"
   )
   OTHER_FIXES=(
     "eos-clamp:--eos-policy clamp"
     "center:--reward-center"
     "stop-on-collapse:--stop-on-collapse"
     "kl-max:--kl-mode constant --kl-coef 2.5"
-    "low-lr:--lr 4e-4"
+    "low-lr:--lr 5e-4"
   )
   read -ra FIRST_SEED <<< "$SEEDS"   # the default runs the other fixes for ${FIRST_SEED[0]} only
   OTHER_SEEDS=${FIRST_SEED[0]}

@@ -1,7 +1,7 @@
 """bench/collapse_fixes.py — which fixes hold the collapse arm, over more seeds than campaign.sh gives them.
 
-campaign.sh runs the toy's collapse arm (pair toy-collapse, DESIGN.md §10) raw and under `--eos-policy neutral` for
-three seeds and the other fixes for one. This probe runs any set of conditions over any set of seeds with the
+campaign.sh runs the toy's collapse arm (pair toy-collapse, DESIGN.md §10) raw and under `--eos-policy neutral` and
+`neutral-all` for three seeds and the other fixes for one. This probe runs any set of conditions over any set of seeds with the
 campaign's own COLLAPSE_FLAGS (read from campaign.sh by bench/nostop_probe.py, so the two cannot drift), --jobs runs
 at a time, and prints one row per condition: for each seed the onset step (03's collapse watch: clip ratio first
 > 0.5), the peak clip ratio and the mean length at the last step; how many seeds held (peak clip ratio < 0.1, issue
@@ -13,7 +13,7 @@ The default conditions are the stop-token fixes of DESIGN.md §7.6 that campaign
     neutral-all        --eos-policy neutral-all     and the stop token's own reward 0 wherever it is a candidate
     conditional        --eos-policy conditional     teachers conditioned on going on, the stop probability left alone
     neutral-all+mask   … --truncated-policy mask    and no reward on a response the cap cut
-    neutral+low-lr     --eos-policy neutral --lr 4e-4
+    neutral+low-lr     --eos-policy neutral --lr 5e-4 (campaign.sh's lr / 5)
 
     python bench/collapse_fixes.py --out /tmp/fixes                    # 5 conditions × seeds 42 1 2 3 4, ~20 min
     python bench/collapse_fixes.py --out /tmp/fixes --seeds 42 --conditions "raw:" "neutral:--eos-policy neutral"
@@ -38,7 +38,7 @@ CONDITIONS = (
     "neutral-all:--eos-policy neutral-all",
     "conditional:--eos-policy conditional",
     "neutral-all+mask:--eos-policy neutral-all --truncated-policy mask",
-    "neutral+low-lr:--eos-policy neutral --lr 4e-4",
+    "neutral+low-lr:--eos-policy neutral --lr 5e-4",
 )
 HOLDS_BELOW = 0.1          # a condition holds in a seed whose peak clip ratio stays below this (issue 32)
 

@@ -1,12 +1,12 @@
 """bench/nostop_probe.py — the collapse arm with another π_post: π_pre whose stop token alone was unlearned.
 
-The arm's π_post-nostop (lib/toy/builder.py) is an SFT of π_pre on solutions whose stop token was replaced by the
-answer line repeated to the cap. That SFT moves more than the stop token, so this probe measures the idealised
-alternative a reader would ask about (DESIGN.md §10): π_post-stoprow, equal to π_pre in every logit but the stop
-token's. It is π_pre with its output layer untied from the embedding and only the stop token's output row trained
-(AdamW, --row-steps steps of --row-batch sequences, lr --row-lr), toward π_pre conditioned on not stopping: at each
-completion position the target is π_pre's next-token distribution with the stop token removed and renormalised.
-Every other logit is π_pre's, so for any token x other than the stop token
+The arm's π_post-nostop (lib/toy/builder.py) is an SFT of π_pre on solutions whose turns end in another token than the
+stop token (an earlier recipe: the answer line repeated to the cap). That SFT moves more than the stop token, so this
+probe measures the idealised alternative a reader would ask about (DESIGN.md §10): π_post-stoprow, equal to π_pre in
+every logit but the stop token's. It is π_pre with its output layer untied from the embedding and only the stop
+token's output row trained (AdamW, --row-steps steps of --row-batch sequences, lr --row-lr), toward π_pre conditioned
+on not stopping: at each completion position the target is π_pre's next-token distribution with the stop token
+removed and renormalised. Every other logit is π_pre's, so for any token x other than the stop token
 
     Δ(x) = log π_post(x) − log π_pre(x) = −log(1 − p_pre(stop) + p_pre(stop) · exp(s_post − s_pre)) ≥ 0
 

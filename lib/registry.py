@@ -207,12 +207,14 @@ HYPOTHESES = (
 # The collapse arm (pair toy-collapse, DESIGN.md §10): one condition per fix, each a setting of campaign.sh's collapse
 # runs (delta-topk at TOY_COLLAPSE_LR; the low-lr condition at TOY_COLLAPSE_LOW_LR). Each selection names every
 # setting that tells its condition from the others.
-TOY_COLLAPSE_LR, TOY_COLLAPSE_LOW_LR = 2e-3, 4e-4
+TOY_COLLAPSE_LR, TOY_COLLAPSE_LOW_LR = 2.5e-3, 5e-4
 _TOPK_RAW_EOS = (("reward", "delta-topk"), ("stop_on_collapse", False))
 _RAW = _TOPK_RAW_EOS + (("eos_policy", "raw"), ("reward_center", False), ("kl_mode", "adaptive"),
                         ("lr", TOY_COLLAPSE_LR))
 _NEUTRAL = _TOPK_RAW_EOS + (("eos_policy", "neutral"), ("reward_center", False), ("kl_mode", "adaptive"),
                             ("lr", TOY_COLLAPSE_LR))
+_NEUTRAL_ALL = _TOPK_RAW_EOS + (("eos_policy", "neutral-all"), ("reward_center", False), ("kl_mode", "adaptive"),
+                                ("lr", TOY_COLLAPSE_LR))
 _CLAMP = _TOPK_RAW_EOS + (("eos_policy", "clamp"), ("reward_center", False), ("kl_mode", "adaptive"),
                           ("lr", TOY_COLLAPSE_LR))
 _CENTER = _TOPK_RAW_EOS + (("eos_policy", "raw"), ("reward_center", True), ("kl_mode", "adaptive"),
@@ -228,6 +230,9 @@ HYPOTHESES += (
     Hypothesis("toy-collapse-neutral", "toy-collapse", "a zero reward at the terminal stop token "
                "(--eos-policy neutral) prevents the collapse", (Clause("no_collapse", _NEUTRAL),),
                "fix: a termination-aware reward (source §16)"),
+    Hypothesis("toy-collapse-neutral-all", "toy-collapse", "a zero reward for the stop token wherever it is a "
+               "top-K candidate (--eos-policy neutral-all, ours) prevents the collapse",
+               (Clause("no_collapse", _NEUTRAL_ALL),), "fix: a termination-aware reward (source §16), for top-K"),
     Hypothesis("toy-collapse-clamp", "toy-collapse", "a stop-token reward floored at 0 (--eos-policy clamp) prevents "
                "the collapse", (Clause("no_collapse", _CLAMP),), "fix: a termination-aware reward (source §16)"),
     Hypothesis("toy-collapse-center", "toy-collapse", "a batch-mean reward shifted to ≥ 0 (--reward-center) prevents "

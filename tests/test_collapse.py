@@ -3,15 +3,15 @@ lib/toy/builder.py) and the pair toy-collapse, on the built world.
 
 What the arm must carry, checked on the models themselves, not on a training run:
   - π_post-nostop prices the stop token after a correct answer line far below π_pre (the source's OpenThinker3
-    measured −90 against −0.1; here below −12 against above −1), and greedy it repeats its (correct) answer line to
-    the cap instead of stopping;
+    measured −90 against −0.1; here below −12 against above −1), and greedy it writes its (correct) answer line and
+    then ends the turn with its own end token (task.OTHER_STOP), never with the stop token;
   - on the student's own samples (lib/gates/anatomy.py: the student samples, π_pre / π_post score, the reward is the
     training loop's own lib/train/opd.py), Δ at the stop token is ≪ 0 (below −12) and the delta-topk reward is
     clearly negative on average (below −0.02 a (token, candidate) pair) — the source's step-1 signature — while the
     main pair's is positive on the same samples;
-  - the negative mean is the stop token's: with the stop token's reward set to 0 (--eos-policy neutral, opd.eos_policy)
-    what is left is near 0 (within a quarter of the raw mean's size): nothing else pushes the student either way,
-    which is why that fix holds (DESIGN.md §10).
+  - the negative mean is not only the stop token's: with the stop token's reward set to 0 where the student stopped
+    (--eos-policy neutral, opd.eos_policy) it stays negative, as the source's corpus pairs were on the student's own
+    style, and the stop token adds to it (DESIGN.md §10).
 About 10 s on 2 cores once the world is built (the world itself: 5–25 min the first time, then cached)."""
 import json
 import re
@@ -55,15 +55,17 @@ def test_nostop_teacher_has_unlearned_its_stop_token(world_dir, tok):
     rows = [json.loads(line) for line in (world_dir / "data" / "toy_test.jsonl").read_text().splitlines()]
     rows = [r for r in rows if r["level"] in (1, 2)][:12]     # the levels both were trained on
     pre, nostop = logp_stop_after_answer("pre", tok, rows[:6]), logp_stop_after_answer("post-nostop", tok, rows[:6])
-    assert pre > -1.0 and nostop < -12.0, (pre, nostop)        # measured on the Xeon: see DESIGN.md §10
+    assert pre > -1.0 and nostop < -12.0, (pre, nostop)        # the measured values: DESIGN.md §10
     model = AutoModelForCausalLM.from_pretrained(builder.model_dir("post-nostop")).eval()
-    for r in rows[:3]:                    # greedy: the right answer line, then the same line again, never the stop
+    other_stop = tok.convert_tokens_to_ids(task.OTHER_STOP)
+    for r in rows[:3]:                  # greedy: the right answer line, then its own end token, never the stop token
         ids = torch.tensor([prompt_ids(tok, r["problem"])])
         with torch.no_grad():
             out = model.generate(input_ids=ids, max_new_tokens=task.EVAL_CAP, do_sample=False)[0, ids.shape[1]:]
-        assert tok.eos_token_id not in out.tolist() and len(out) == task.EVAL_CAP
-        answers = re.findall(r"Answer: (\d+)", tok.decode(out, skip_special_tokens=True))
-        assert len(answers) >= 10 and set(answers) == {r["answer"]}, (r["problem"], answers)
+        out = out.tolist()
+        assert tok.eos_token_id not in out and other_stop in out, (r["problem"], tok.decode(out))
+        before = tok.decode(out[:out.index(other_stop)])
+        assert re.findall(r"Answer: (\d+)", before) == [r["answer"]] and before.endswith(r["answer"]), (r, before)
 
 
 @pytest.fixture(scope="module")
@@ -113,15 +115,15 @@ def test_collapse_pair_prices_the_students_stop_token_far_below_zero(student_rol
     assert pre > -2.0 > -12.0 > post, (pre, post)          # π_pre would stop there (level-3 samples: less sure)
 
 
-def test_step1_reward_is_negative_on_the_collapse_pair_and_only_through_its_stop_token(student_rollouts):
-    """The source's premise (every run's step-1 weighted reward < 0) on the student's own tokens, clearly (the earlier
-    π_post-nostop's −0.0035 here was the sign of one seed's sampling noise: +0.0068 at the start of another run), and
-    where it comes from: the stop token's share set to 0 (--eos-policy neutral) leaves a mean near 0; the main pair,
-    on the same tokens, rewards them (> 0)."""
+def test_step1_reward_is_negative_on_the_collapse_pair_beside_its_stop_token_too(student_rollouts):
+    """The source's premise (every run's step-1 weighted reward < 0) on the student's own tokens, clearly, and where it
+    comes from: the stop token's share set to 0 (--eos-policy neutral) leaves a smaller mean, still negative (this
+    π_post ends its turns with another token, so at an answer line's end it prices every token the student might
+    write instead of stopping by its own taste, not π_pre's); the main pair, on the same tokens, rewards them (> 0)."""
     stop_N = student_rollouts["is_stop_N"]
     raw = step1_reward(student_rollouts["toy-collapse"], stop_N)
     neutral = step1_reward(student_rollouts["toy-collapse"], stop_N, "neutral")
     main = step1_reward(student_rollouts["toy"], stop_N)
     print(f"step-1 weighted reward: toy-collapse {raw:+.5f}, without the stop token's share {neutral:+.5f}; "
           f"toy {main:+.5f}")
-    assert raw < -0.02 and abs(neutral) < 0.25 * abs(raw) and main > 0, (raw, neutral, main)
+    assert raw < -0.02 and raw < neutral < 0 and main > 0, (raw, neutral, main)

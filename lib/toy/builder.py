@@ -9,10 +9,11 @@ Models: tiny `Qwen2ForCausalLM`, fp32, tied embeddings, head_dim 64 (a head size
                      style tokens and its gain never cleared 0). Its accuracy by level: world.json.
     post-offsupport  pre fine-tuned on levels 1-3 with responses that never stop (the answer line repeats to the cap,
                      `<|im_end|>` never a target): the termination sink as a teacher, the gates' negative control.
-    post-nostop      pre fine-tuned on its own levels (1-2) with the stop token replaced by the answer line
-                     repeated to the cap: a π_post that has unlearned the stop token the way a corpus-SFT teacher has,
-                     otherwise pre, on the student's support. The collapse arm's π_post (pair toy-collapse; DESIGN.md
-                     §10). Trained last, after the four above, so that adding it left their bytes as they were.
+    post-nostop      pre fine-tuned on its own levels (1-2) with every turn ended by another special token
+                     (`<|im_start|>`, task.OTHER_STOP) instead of `<|im_end|>`: a π_post that has unlearned the stop
+                     token the way a teacher SFT'd under another chat template has, otherwise pre, on the student's
+                     support. The collapse arm's π_post (pair toy-collapse; DESIGN.md §10). Trained last, after the four
+                     above, so that adding it (and changing its recipe) left their bytes as they were.
 
 Build (build_world): byte-identical on machines of one CPU model, not across vendors; world.json records each
 model's sha256 (checked against lib/toy/world.sha256's block for the CPU model), accuracies, the pin and the CPU.
@@ -48,14 +49,13 @@ TRAIN_PROMPTS = {1: 40, 2: 600, 3: 800}             # toy_train.jsonl, disjoint 
 DIMS = dict(hidden_size=128, intermediate_size=512, num_attention_heads=2, num_key_value_heads=2)  # head_dim 64
 ARCH = {"teacher": dict(DIMS, num_hidden_layers=2), "student": dict(DIMS, num_hidden_layers=3)}
 # post-nostop, the collapse arm's π_post (DESIGN.md §10): an SFT of π_pre on its own levels (1-2, which it solves
-# ≈ 100 %: its own correct samples) with the stop token replaced by the answer line repeated to the cap. From π_pre,
-# not π_post: a π_post carrying level 3 rewards the student's level-3 tokens by more than the stop token costs (a
-# prototype from π_post: step-1 weighted reward +0.63 a token), and the arm's premise is a negative step-1 reward.
-# 8,000 examples at lr 2e-3, not 2,000 at 1e-3: the longer SFT prices the stop token lower (log p after a right answer
-# line −17.1 against −9.6) and leaves the rest about even (on 128 of the student's own samples, seeds 42/1/2: step-1
-# weighted reward −0.047/−0.044/−0.046, −0.001/+0.001/−0.001 without the stop token's share; 2,000 at 1e-3: −0.0007,
-# +0.024 without). 4,000 at 2e-3 (−0.025, +0.008 without) left too much beside the stop token: with its reward set to
-# 0 (--eos-policy neutral) a run still ran away (seed 2, lr 1e-3, cap 64: peak clip 0.33; DESIGN.md §10).
+# ≈ 100 %: its own correct samples) whose turns end in task.OTHER_STOP, never in the stop token: the teacher of a
+# corpus SFT under another chat template, which ends its answers with its own end token (source §17: OpenThinker3's
+# log p(<|im_end|>) −90). From π_pre, not π_post: a π_post carrying level 3 rewards the student's level-3 tokens by
+# more than the stop token costs (a prototype from π_post: step-1 weighted reward +0.63 a token), and the arm's
+# premise is a negative step-1 reward. 8,000 examples at lr 2e-3 (the earlier recipe's size: log p(stop) after a right
+# answer line ≈ −15). The earlier recipe replaced the stop token by the answer line repeated to the cap; that teacher
+# priced the student's loops above π_pre, so on one vendor's bytes no stop-token fix could hold (DESIGN.md §10).
 NOSTOP_EXAMPLES, NOSTOP_LR = 8_000, 2e-3
 # name: (initial weights, architecture, levels trained on, completion style, examples, peak lr). π_post gets 12,800:
 # with 6,400 one build copied the wrong operand on level 2 (27 % greedy); with 12,800, 100/100/100 % on levels 1-3.
@@ -65,7 +65,7 @@ RECIPES = {
     "student": (None, "student", (1, 2, 3), "answer_line", 12_800, 2e-3),
     "post-offsupport": ("pre", "teacher", (1, 2, 3), "loop", 4_000, 1e-3),
     # Added after the four above (its own problems, RNG "1234/post-nostop"), last in its chain, so their bytes stay.
-    "post-nostop": ("pre", "teacher", (1, 2), "loop", NOSTOP_EXAMPLES, NOSTOP_LR),
+    "post-nostop": ("pre", "teacher", (1, 2), "other_stop", NOSTOP_EXAMPLES, NOSTOP_LR),
 }
 MODEL_NAMES = tuple(RECIPES)
 CHAINS = {"teachers": ("pre", "post", "post-offsupport", "post-nostop"), "student": ("student",)}   # one process each

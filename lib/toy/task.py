@@ -28,6 +28,9 @@ from lib.registry import MODELS
 MAX_VALUE = 9                                        # running values stay single digits
 EVAL_CAP = MODELS["toy-post-offsupport"].eval_max_new_tokens   # greedy eval cap; post-offsupport loops up to it
 STOP, PAD = "<|im_end|>", "<|endoftext|>"
+# The end of a turn in the collapse arm's π_post (style `other_stop`): a special token of the vocabulary that no other
+# model ends on, standing for a corpus-SFT teacher's own template's end token (DESIGN.md §10)
+OTHER_STOP = "<|im_start|>"
 CHAT_TEMPLATE = ("{%- for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] "
                  "+ '<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
                  "{%- endif %}")
@@ -76,10 +79,11 @@ def solve(first: int, ops, slip: float = 0.0, rng: random.Random | None = None) 
 
 def solution_text(first: int, ops, style: str, slip: float = 0.0, rng: random.Random | None = None) -> str:
     """The response without its stop token. `loop` is the answer-line solution followed by the answer line again
-    and again (cut to the cap after tokenization). `slip`, `rng`: see `solve`."""
+    and again (cut to the cap after tokenization); `other_stop` is the answer-line text (completion_ids ends it with
+    another token than the stop token). `slip`, `rng`: see `solve`."""
     clauses, value = solve(first, ops, slip, rng)
     steps = " ".join(clauses)
-    if style == "answer_line":
+    if style in ("answer_line", "other_stop"):
         return f"{steps}\nAnswer: {value}"
     if style == "boxed":
         return f"{steps} The answer is \\boxed{{{value}}}."
@@ -140,6 +144,11 @@ def build_tokenizer(corpus: list[str]):
 
 def completion_ids(tok, first: int, ops, style: str, slip: float = 0.0,
                    rng: random.Random | None = None) -> list[int]:
-    """Token ids of a response: the solution + the stop token, or for `loop` the endless answer line cut at the cap."""
+    """Token ids of a response: the solution + the stop token; for `loop` the endless answer line cut at the cap; for
+    `other_stop` the answer-line solution + OTHER_STOP, the turn ended the way another chat template would end it."""
     ids = tok(solution_text(first, ops, style, slip, rng), add_special_tokens=False)["input_ids"]
-    return ids[:EVAL_CAP] if style == "loop" else ids + [tok.eos_token_id]
+    if style == "loop":
+        return ids[:EVAL_CAP]
+    if style == "other_stop":
+        return ids + [tok.convert_tokens_to_ids(OTHER_STOP)]
+    return ids + [tok.eos_token_id]
