@@ -154,8 +154,21 @@ def first_and_last_right(samples_file: Path, gold: dict) -> tuple[float, float]:
     return 100.0 * first / n, 100.0 * last / n
 
 
+def first_digit_right(samples_file: Path, gold: dict) -> float:
+    """% of samples whose first `Answer: <int>` line starts with the gold answer's digit (the toy's answers are one
+    digit): a student that reached its answer and then ran on with more digits (`Answer: 60000…`) counts."""
+    right = n = 0
+    for line in samples_file.read_text().splitlines():
+        s = json.loads(line)
+        found = ANSWER.findall(s["completion"])
+        n += 1
+        right += bool(found) and found[0].lstrip("-")[:1] == str(gold[s["problem_id"]])
+    return 100.0 * right / n
+
+
 def answer_lines(campaign: Path) -> None:
-    """First / last answer line right for the initial student and every collapse-* eval unit of a campaign."""
+    """First / last answer line right, and the first line's leading digit, for the initial student and every
+    collapse-* eval unit of a campaign."""
     gold = {json.loads(line)["id"]: int(json.loads(line)["answer"])
             for line in (builder.build() / "data" / "toy_test.jsonl").read_text().splitlines()}
     units = sorted(campaign.glob("evals/collapse-*/toy/sample4")) + sorted(
@@ -164,7 +177,9 @@ def answer_lines(campaign: Path) -> None:
         raise SystemExit(f"nostop_probe: no collapse-* or toy-student toy/sample4 eval unit under {campaign}/evals")
     for unit in units:
         first, last = first_and_last_right(unit / "samples.jsonl", gold)
-        print(f"{unit.relative_to(campaign)}: first answer line right {first:.2f} %, last {last:.2f} %")
+        digit = first_digit_right(unit / "samples.jsonl", gold)
+        print(f"{unit.relative_to(campaign)}: first answer line right {first:.2f} %, last {last:.2f} %; the first "
+              f"line's leading digit right {digit:.2f} %")
 
 
 def loop_stop(seed: int = 7, repeats: int = 8, n_rows: int = 200) -> None:
