@@ -1,11 +1,11 @@
 """bench/nostop_recipes.py — prototype π_post-nostop recipes for the collapse arm, trained from the cached π_pre.
 
-The arm's π_post (lib/toy/builder.py, DESIGN.md §10) must have unlearned the stop token the way a corpus-SFT teacher has,
-without paying the student for running on. This probe trains a candidate recipe the way the build trains post-nostop
-(the same 8,000 problems, RNG "1234/post-nostop", lr 2e-3, lib/train/sft.py with the build's SFT settings), but in
-this process, with this process's threads: the result is a prototype, not the world's bytes. Then it prints Δ on
-200 held-out student samples (bench/nostop_probe.py's shift_stats: at the stop token, on every other token) and
-saves the model to OUT/post-<recipe>, for `03_opd_train.py --pi-post` or bench/collapse_fixes.py:
+The arm's π_post (lib/toy/builder.py, DESIGN.md §10) must have unlearned the stop token the way a corpus-SFT teacher
+has, without paying the student for running on. This probe trains a candidate recipe the way the build trains
+post-nostop (the same 8,000 problems, RNG "1234/post-nostop", lr 2e-3, lib/train/sft.py with the build's SFT
+settings), but in this process, with this process's threads, so its bytes need not be the world's. Then it prints Δ
+on 200 held-out student samples (bench/nostop_probe.py's shift_stats: at the stop token, on every other token) and
+the sha256 of the model it saved to OUT/post-<recipe>, for `03_opd_train.py --pi-post` or bench/collapse_fixes.py:
 
     other_stop   the answer-line solution ended by task.OTHER_STOP (`<|im_start|>`), never by the stop token: the
                  recipe the build adopted
@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 from lib import cpu_repro  # noqa: E402,F401  (pins the CPU math, as every toy-world process does)
+from lib.artifacts import sha256_file  # noqa: E402
 from lib.data import prompt_ids  # noqa: E402
 from lib.toy import builder, task  # noqa: E402
 from nostop_probe import samples, shift_stats  # noqa: E402
@@ -76,8 +77,10 @@ def main():
         post.save_pretrained(a.out / f"post-{recipe}")
         tok.save_pretrained(a.out / f"post-{recipe}")
         results[recipe] = dict(shift_stats(pre, post, tok, held_out), examples=len(examples), lr=lr,
-                               seconds=round(time.monotonic() - t0))
-        print(f"{recipe}: " + json.dumps({k: round(v, 4) for k, v in results[recipe].items()}))
+                               seconds=round(time.monotonic() - t0),
+                               sha256=sha256_file(a.out / f"post-{recipe}" / "model.safetensors"))
+        print(f"{recipe}: " + json.dumps({k: round(v, 4) if isinstance(v, float) else v
+                                          for k, v in results[recipe].items()}))
     (a.out / "nostop_recipes.json").write_text(json.dumps(results, indent=1) + "\n")
 
 
