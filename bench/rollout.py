@@ -23,7 +23,8 @@ Methods: `ours` (the decoder's CUDA defaults: fused q|k|v and gate|up GEMMs, com
 attention over the live length, the fast draw's two-level search, the draw compiled whole), `ours_prev` (the
 configuration before them: bench/RESULTS.md §6, decoder run 2), `ours_exact` (ours with exact Gumbel-max draws),
 ablations `ours_nofuse`, `ours_nocompile`, `ours_matmul`, `ours_plaindraw`, `ours_eagerdraw`, `ours_modprefill` (ours
-with one optimization off; modprefill: the packed prefill through the model's own modules, as before fast_prefill), `ours_autotune` (the blocks compiled with mode max-autotune-no-cudagraphs: minutes of compile per slot count),
+with one optimization off; modprefill: the packed prefill through the model's own modules, as before fast_prefill),
+`ours_autotune` (the blocks compiled with mode max-autotune-no-cudagraphs: minutes of compile per slot count),
 `vllm` (vLLM's LLM on the same random weights, saved with save_pretrained; one engine per shape, started after the other
 methods and freed before the next shape; in this process, as lib/sample/vllm_engine.py runs it, unless
 `--vllm-multiprocess`; no seed, no log-probs) and its variants in VLLM_VARIANTS: `vllm_seeded` (as
