@@ -60,8 +60,8 @@ from lib.train import dist as D
 from lib.train import checkpoint, opd
 from lib.train.model_init import build_scorer
 from lib.train.scoring import pack, regroup, sampler_gap, score_ids, to_device
-from lib.train.step_phases import (PhaseClock, equal_plan, freeze_heap, peak_tflops, resolve_auto, sampler_reserve,
-                                   sampler_slots, score_limits)
+from lib.train.step_phases import (PhaseClock, equal_plan, freeze_heap, micro_batch_arg, peak_tflops, resolve_auto,
+                                   resolve_micro_batch, sampler_reserve, sampler_slots, score_limits)
 
 
 # --- config ---
@@ -108,7 +108,9 @@ def parse_args(argv=None):
     a("--max-response-len", type=positive_int, default=None, help="response cap (default: the student's, DESIGN.md §4)")
     a("--drop-overlong", action="store_true", help="drop prompts over the cap (listed by id) instead of refusing")
     a("--save-every", type=positive_int, default=20, help="checkpoint every N steps (and at the last step)")
-    a("--micro-batch", type=positive_int, default=8, help="sequences per forward/backward on each rank")
+    a("--micro-batch", type=micro_batch_arg, default=8,
+      help="sequences per forward/backward on each rank, or auto: on CUDA a token budget from the memory left at the "
+           "first step (lib/train/step_phases.resolve_micro_batch), on CPU 8")
     a("--max-tokens-per-micro", type=positive_int, default=None,
       help="pack micro-batches by padded tokens instead (sequences sorted by length; overrides --micro-batch)")
     a("--score-tokens-per-micro", type=positive_int, default=None,
@@ -391,6 +393,9 @@ def main(argv=None):
     d = D.init()
     torch.manual_seed(args.seed)
     bf16 = d.device.type == "cuda"
+    if args.micro_batch == "auto" and not bf16:          # off CUDA `auto` is the flag's default, before anything uses it
+        args.micro_batch, _ = resolve_micro_batch(args, None, None, d, cuda=False)
+    limits = None                                        # the update's (max sequences, max tokens): at the first step
 
     # every rank resolves the same folders; rank 0 first, so a toy world is built once
     roles = {"student": sspec.model}
@@ -491,8 +496,11 @@ def main(argv=None):
         #    the update's micro-batches (the same numbers, the top-K ids included)
         K = args.topk if args.reward == "delta-topk" else 0
         seq_lens = [len(p) + len(o.token_ids) for p, o in zip(req_prompts, outs)]
-        plan = equal_plan(seq_lens, args.micro_batch, args.max_tokens_per_micro, d.device)
-        score_plan = plan if (lim := score_limits(args, bf16)) is None else equal_plan(seq_lens, *lim, d.device)
+        if limits is None:          # `--micro-batch auto` on CUDA: from the memory left now (generation ran first)
+            limits = resolve_micro_batch(args, student, optim, d, bf16)
+        plan_args = argparse.Namespace(**vars(args) | dict(zip(("micro_batch", "max_tokens_per_micro"), limits)))
+        plan = equal_plan(seq_lens, *limits, d.device)
+        score_plan = plan if (lim := score_limits(plan_args, bf16)) is None else equal_plan(seq_lens, *lim, d.device)
         resp, P = [o.token_ids for o in outs], req_prompts
 
         def packed(idx):

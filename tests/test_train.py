@@ -202,3 +202,15 @@ def test_the_fixes_reach_the_update(world, tmp_path):
     assert masked["actor/pg_loss"] == 0
     r = train(*SMALL, "--reward=opd", "--eos-policy=conditional", f"--run-dir={tmp_path}", check=False)
     assert r.returncode != 0 and "conditional" in r.stderr and "delta-topk" in r.stderr
+
+
+def test_micro_batch_auto_is_the_old_default_on_cpu(world, tmp_path):
+    """`--micro-batch auto` off CUDA plans as the flag's default (8 sequences): the same micro-batches, metrics and
+    weights as a run without the flag (on CUDA it is a token budget from memory: tests/test_train_step.py)."""
+    small = [a for a in SMALL if not a.startswith("--micro-batch")]
+    train(*small, "--reward=opd", "--steps=1", f"--run-dir={tmp_path / 'default'}")
+    train(*small, "--reward=opd", "--steps=1", "--micro-batch=auto", f"--run-dir={tmp_path / 'auto'}")
+    a, b = (metrics(tmp_path / r / "train/opd") for r in ("default", "auto"))
+    assert a[0]["perf/micro_batch_sizes"] == b[0]["perf/micro_batch_sizes"] == [8, 8]
+    assert_same_metrics(a, b, rel=0, count_abs=0)
+    assert_same_weights(tmp_path / "default/train/opd/step_000001", tmp_path / "auto/train/opd/step_000001", 0.0)

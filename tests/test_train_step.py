@@ -283,6 +283,52 @@ def test_counts_below_one_are_refused_in_one_line_naming_the_flag(world, capsys)
     assert p(["--pair=toy", "--micro-batch=3"]).micro_batch == 3
 
 
+def test_micro_batch_auto_rule(world, monkeypatch):
+    """`--micro-batch auto`: the rule as pure functions on given sizes, against hand arithmetic; an explicit count or
+    token budget wins; off CUDA auto is the old default (8 sequences); on CUDA a token budget from the memory left."""
+    from types import SimpleNamespace
+    from lib.train import step_phases as sp
+    p = world["m03"].parse_args
+    assert p(["--pair=toy"]).micro_batch == 8 and p(["--pair=toy", "--micro-batch", "auto"]).micro_batch == "auto"
+    # the per-token estimate at Qwen2.5-1.5B (hidden 1536, MLP 8960, 28 layers): 28 · 2 · (8 · 1536 + 4 · 8960)
+    assert sp.update_token_bytes(1536, 8960, 28, False) == 28 * 2 * (12288 + 35840) == 2_695_168
+    assert sp.update_token_bytes(1536, 8960, 28, True) == 28 * 4 * 1536 + 2 * 2 * (12288 + 35840) == 364_544
+    # an upper estimate: above what bench/RESULTS.md §8 measured (18.7 GiB more at 16 more sequences of ≈ 565 tokens)
+    assert sp.update_token_bytes(1536, 8960, 28, False) > 18.7 * 2**30 / (16 * 565)
+    # 0.75 of (100 − 20) GiB at 2,695,168 bytes a token = 23,903.2 tokens → 23 × 1024
+    assert sp.auto_tokens_per_micro(100 * 2**30, 20 * 2**30, 2_695_168) == 23 * 1024 == 23_552
+    assert sp.auto_tokens_per_micro(100 * 2**30, 20 * 2**30, 2_695_168, share=0.5) == 15 * 1024   # 15,935.5
+    assert sp.auto_tokens_per_micro(2**30, 4 * 2**30, 1000) == 1024          # nothing left: one quantum
+    assert sp.auto_tokens_per_micro(10**9, 0, 10**6, quantum=1) == 750
+    # resolve_micro_batch: an explicit count wins everywhere, with or without a token budget; auto off CUDA is 8
+    d = SimpleNamespace(world=2, device="cuda:0", main=False)
+    args = SimpleNamespace(micro_batch=16, max_tokens_per_micro=None, batch_prompts=64, rollouts=4,
+                           offload_optimizer=False, activation_checkpointing=False)
+    assert sp.resolve_micro_batch(args, None, None, d, cuda=True) == (16, None)
+    args.max_tokens_per_micro = 3000
+    assert sp.resolve_micro_batch(args, None, None, d, cuda=True) == (16, 3000)
+    args.micro_batch = "auto"
+    assert sp.resolve_micro_batch(args, None, None, d, cuda=False) == (8, 3000)
+    assert sp.resolve_micro_batch(args, None, None, d, cuda=True) == (128, 3000)    # the given budget, B·n/W rows
+    args.max_tokens_per_micro = None
+    assert sp.resolve_micro_batch(args, None, None, d, cuda=False) == (8, None)
+    # on CUDA (memory faked): free = 60 GiB unused + 4 GiB the allocator holds unused; reserved: the workspace, the
+    # gradients (400 B), AdamW's moments (800 B) and the bf16 copy (200 B) of 100 fp32 parameters
+    student = torch.nn.Linear(10, 10, bias=False)
+    student.lm = SimpleNamespace(config=SimpleNamespace(hidden_size=1536, intermediate_size=8960,
+                                                        num_hidden_layers=28))
+    optim = torch.optim.AdamW(student.parameters())
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (60 * 2**30, 140 * 2**30))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda *a: 30 * 2**30)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a: 26 * 2**30)
+    reserve = sp.SAMPLER_WORKSPACE + 400 + 800 + 200
+    want = int(0.75 * (64 * 2**30 - reserve)) // 2_695_168 // 1024 * 1024
+    assert want == 17 * 1024 and sp.resolve_micro_batch(args, student, optim, d, cuda=True) == (128, want)
+    args.activation_checkpointing, args.offload_optimizer = True, True
+    want = int(0.75 * (64 * 2**30 - reserve + 800)) // 364_544 // 1024 * 1024
+    assert want == 129 * 1024 and sp.resolve_micro_batch(args, student, optim, d, cuda=True) == (128, want)
+
+
 def test_step_phase_defaults_cpu_unchanged_cuda_scaled(world):
     """--compile auto is off here (CPU) and on on CUDA; scoring uses the update's plan on CPU (None) and 4× the
     update's micro-batch on CUDA; the built-in sampler's slots: --micro-batch × 8 on CPU, B·n/W on CUDA."""

@@ -7,6 +7,8 @@
   vLLM builds Python objects per token, and a full collection walks every object the process holds.)
 - `equal_plan`: micro-batches (lib/train/scoring.py's micro_batch_plan) whose count is the same on every rank (FSDP2
   gathers parameters collectively: every rank must run the same number of forwards).
+- `micro_batch_arg`, `auto_tokens_per_micro`, `update_token_bytes`, `resolve_micro_batch`: `--micro-batch auto`, the
+  update's micro-batch chosen by memory (below). An explicit `--micro-batch N` or `--max-tokens-per-micro` wins.
 - `score_limits`: scoring's own micro-batch limits. Scoring is forward-only with no grad, so on CUDA it packs
   SCORE_MICRO_MULT × the update's micro-batch (tokens or sequences); on CPU it uses the update's plan, so the toy's
   numbers stay what they are. `--score-tokens-per-micro` sets a token budget anywhere.
@@ -43,6 +45,82 @@ def resolve_auto(value: str, cuda: bool, flag: str = "--compile") -> bool:
     if value not in ("auto", "on", "off"):
         raise ValueError(f"{flag} {value!r}: choose auto, on or off")
     return cuda if value == "auto" else value == "on"
+
+
+AUTO_SHARE = 0.75           # of the memory left once the trainer's state is counted, given to the update's activations
+AUTO_QUANTUM = 1024         # the automatic token budget is a multiple of this many tokens
+CPU_MICRO_BATCH = 8         # `--micro-batch auto` off CUDA: the flag's default, so CPU runs keep their bytes
+
+
+def micro_batch_arg(text: str) -> int | str:
+    """argparse `type=` for --micro-batch: a count ≥ 1, or `auto` (the update's micro-batch chosen by memory)."""
+    from lib.cli import positive_int
+    return "auto" if text == "auto" else positive_int(text)
+
+
+def update_token_bytes(hidden: int, intermediate: int, layers: int, activation_checkpointing: bool) -> int:
+    """An upper estimate of the bytes the update keeps for backward per packed token (bf16 activations):
+    a decoder layer saves about 8 hidden-sized rows (norms, q/k/v, attention output, residuals) and 4 MLP-sized ones
+    (gate, up, their product, its gradient), 2 bytes each. Without activation checkpointing every layer's are live at
+    once; with it, each layer's input (counted at 4 bytes a value) plus one layer's worth twice (its recompute and its
+    gradients). At the 1.5B shape this says 2.69 MB a token; bench/RESULTS.md §8 measured 2.07 (the update's peak
+    rose 18.7 GiB from 16 to 32 sequences of ≈ 565 tokens a micro-batch)."""
+    layer = 2 * (8 * hidden + 4 * intermediate)
+    return layers * 4 * hidden + 2 * layer if activation_checkpointing else layers * layer
+
+
+def auto_tokens_per_micro(free_bytes: int, reserve_bytes: int, token_bytes: int, share: float = AUTO_SHARE,
+                          quantum: int = AUTO_QUANTUM) -> int:
+    """The update's token budget per micro-batch from memory: `share` of what is free once `reserve_bytes` (what the
+    trainer has yet to allocate) is set aside, divided by the bytes a token's activations take, rounded down to a
+    multiple of `quantum`, and never under `quantum` (a sequence longer than the budget still forms a micro-batch of
+    its own, as with --max-tokens-per-micro)."""
+    room = max(0, free_bytes - reserve_bytes)
+    return max(quantum, int(share * room) // token_bytes // quantum * quantum)
+
+
+def trainer_pending_bytes(student, optim, offload_optimizer: bool) -> int:
+    """Bytes the trainer has yet to allocate for the student: its gradients where they do not exist now, AdamW's two
+    moments where they do not exist yet (never on the device with --offload-optimizer), and, on one rank, the bf16
+    compute copy FSDP2 keeps gathered through scoring and the update (counted whether or not it exists now)."""
+    pending, numel = 0, 0
+    for p in student.parameters():
+        local = p.to_local() if hasattr(p, "to_local") else p
+        size = local.numel() * local.element_size()
+        pending += size * (p.grad is None) + 2 * size * (not optim.state.get(p) and not offload_optimizer)
+        numel += p.numel()
+    one_rank = not torch.distributed.is_initialized() or torch.distributed.get_world_size() == 1
+    return pending + (2 * numel if one_rank else 0)
+
+
+def resolve_micro_batch(args, student, optim, d: D.Dist, cuda: bool, lengths: list[int] | None = None):
+    """(max sequences, max tokens or None) of the update's micro-batches. An explicit --micro-batch N (with or
+    without --max-tokens-per-micro) is used as given. `auto`: off CUDA CPU_MICRO_BATCH sequences; on CUDA a token
+    budget (`auto_tokens_per_micro`) from the device's free memory at this moment (torch.cuda.mem_get_info plus what
+    torch's allocator holds unused), less the trainer's pending bytes and SAMPLER_WORKSPACE, at the student's
+    `update_token_bytes`, the smallest over ranks; --max-tokens-per-micro, if given, is the budget instead. 03 calls
+    it once, at its first step's planning (the sampler's KV cache then exists: generation sized it first), and keeps
+    the answer for the run. Collective on CUDA with `auto`."""
+    if args.micro_batch != "auto":
+        return args.micro_batch, args.max_tokens_per_micro
+    if not cuda:
+        return CPU_MICRO_BATCH, args.max_tokens_per_micro
+    seqs = args.batch_prompts * args.rollouts // d.world
+    if args.max_tokens_per_micro is not None:
+        return seqs, args.max_tokens_per_micro
+    free, _ = torch.cuda.mem_get_info(d.device)
+    free += torch.cuda.memory_reserved(d.device) - torch.cuda.memory_allocated(d.device)
+    reserve = SAMPLER_WORKSPACE + trainer_pending_bytes(student, optim, args.offload_optimizer)
+    cfg = student.lm.config
+    per_token = update_token_bytes(cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers,
+                                   args.activation_checkpointing)
+    tokens = auto_tokens_per_micro(free, reserve, per_token)
+    if torch.distributed.is_initialized():                                  # the smallest budget of any rank
+        tokens = -int(D.all_max(-tokens, device=d.device)[0])
+    if d.main:
+        print(f"[03] --micro-batch auto: {tokens} tokens an update micro-batch ({AUTO_SHARE:g} × ({free / 2**30:.1f} "
+              f"GiB free − {reserve / 2**30:.1f} reserved) / {per_token / 2**20:.2f} MiB a token)", flush=True)
+    return seqs, tokens
 
 
 def score_limits(args, cuda: bool) -> tuple[int, int | None] | None:
@@ -90,15 +168,9 @@ def sampler_reserve(args, student, optim, cuda: bool):
             return int(args.sampler_kv_margin * 2**30)
         if args.sampler_sleep:
             return SAMPLER_WORKSPACE
-        pending = 0
-        for p in student.parameters():
-            local = p.to_local() if hasattr(p, "to_local") else p
-            size = local.numel() * local.element_size()
-            pending += size * (p.grad is None) + 2 * size * (not optim.state.get(p) and not args.offload_optimizer)
-        one_rank = not torch.distributed.is_initialized() or torch.distributed.get_world_size() == 1
-        gathered = 2 * sum(p.numel() for p in student.parameters()) if one_rank else 0
         total = torch.cuda.mem_get_info()[1]
-        return SAMPLER_WORKSPACE + pending + gathered + int(ACTIVATION_SHARE * total)
+        return (SAMPLER_WORKSPACE + trainer_pending_bytes(student, optim, args.offload_optimizer)
+                + int(ACTIVATION_SHARE * total))
     return reserve
 
 
