@@ -128,14 +128,13 @@ def _combine_kernel(PO, PM, PL, O, POS, so_s, so_h, n_split, G: tl.constexpr, D:
 # at the 7B heads one chunk spanning the cache (the split writes the output; no combine) took 25.7 / 38.7 / 48.3 µs
 # at 64 slots decoding at 600 / 1,024 / 1,400 and 85.2 / 137.1 / 180.4 µs at 256 slots, against 31.7 / 46.3 / 58.1
 # and 100.1 / 163.9 / 210.6 µs for the default (chunks of 128); at 256 slots tiles of 32 and 2 warps took 84.6 /
-# 135.7 / 178.3 µs, at 64 slots 29.8 / 46.5 / 59.6. At the 1.5B heads single chunks were within 1.5 % of the
-# defaults; chunks of 1,024 in tiles of 32, 2 warps, 4 stages took 36.3 / 73.9 µs at 256 slots decoding at 456 /
-# 1,024 against 43.5 / 84.1 (but +51–58 % at 64 slots), so the 1.5B heads take it from 256 slots (issue 35; in
-# rollouts and 03's step: bench/RESULTS.md §3, §6, §8).
+# 135.7 / 178.3 µs, at 64 slots 29.8 / 46.5 / 59.6. The 1.5B heads keep the defaults: single chunks there were
+# within 1.5 % of them, and chunks of 1,024 in tiles of 32, 2 warps, 4 stages (c1024b32w2s4), 12–17 % faster alone at
+# 256 slots, made 03's 1.5B step's generation 0.06 s slower (1.61 against 1.55 s, one call, 2026-12-04;
+# bench/RESULTS.md §3, §8).
 ATTN_TILINGS: dict[tuple[int, int, int], list[tuple[int, dict]]] = {
     (28, 4, 128): [(64, dict(chunk=2048, block=64, warps=4, stages=3)),
                    (256, dict(chunk=2048, block=32, warps=2, stages=4))],
-    (12, 2, 128): [(256, dict(chunk=1024, block=32, warps=2, stages=4))],
 }
 
 
