@@ -60,8 +60,9 @@ from lib.train import dist as D
 from lib.train import checkpoint, opd
 from lib.train.model_init import build_scorer
 from lib.train.scoring import pack, regroup, sampler_gap, score_ids, to_device
-from lib.train.step_phases import (PhaseClock, equal_plan, freeze_heap, micro_batch_arg, peak_tflops, resolve_auto,
-                                   resolve_micro_batch, sampler_reserve, sampler_slots, score_limits)
+from lib.train.step_phases import (PhaseClock, balanced_token_budget, equal_plan, freeze_heap, micro_batch_arg,
+                                   peak_tflops, resolve_auto, resolve_micro_batch, sampler_reserve, sampler_slots,
+                                   score_limits)
 
 
 # --- config ---
@@ -498,9 +499,13 @@ def main(argv=None):
         seq_lens = [len(p) + len(o.token_ids) for p, o in zip(req_prompts, outs)]
         if limits is None:          # `--micro-batch auto` on CUDA: from the memory left now (generation ran first)
             limits = resolve_micro_batch(args, student, optim, d, bf16)
+            auto = args.micro_batch == "auto" and args.max_tokens_per_micro is None
         plan_args = argparse.Namespace(**vars(args) | dict(zip(("micro_batch", "max_tokens_per_micro"), limits)))
-        plan = equal_plan(seq_lens, *limits, d.device)
-        score_plan = plan if (lim := score_limits(plan_args, bf16)) is None else equal_plan(seq_lens, *lim, d.device)
+        lim = limits if not auto else (limits[0], balanced_token_budget(seq_lens, limits[1]))
+        plan = equal_plan(seq_lens, *lim, d.device)
+        if (lim := score_limits(plan_args, bf16)) is not None and auto:     # auto: even groups under each budget
+            lim = (lim[0], balanced_token_budget(seq_lens, lim[1]))
+        score_plan = plan if lim is None else equal_plan(seq_lens, *lim, d.device)
         resp, P = [o.token_ids for o in outs], req_prompts
 
         def packed(idx):

@@ -300,6 +300,13 @@ def test_micro_batch_auto_rule(world, monkeypatch):
     assert sp.auto_tokens_per_micro(100 * 2**30, 20 * 2**30, 2_695_168, share=0.5) == 15 * 1024   # 15,935.5
     assert sp.auto_tokens_per_micro(2**30, 4 * 2**30, 1000) == 1024          # nothing left: one quantum
     assert sp.auto_tokens_per_micro(10**9, 0, 10**6, quantum=1) == 750
+    # balanced_token_budget: the least budget with as few micro-batches; 7 × 10 tokens under 60 is 6 + 1, under 40
+    # 4 + 3; [250, 100, 60, 55, 45, 30, 20] under 150 is 4 groups and needs 135 (45 · 3) for them
+    from lib.train.scoring import micro_batch_plan
+    assert sp.balanced_token_budget([10] * 7, 60) == 40 and micro_batch_plan([10] * 7, 1, 60) == [list(range(6)), [6]]
+    assert micro_batch_plan([10] * 7, 1, 40) == [[0, 1, 2, 3], [4, 5, 6]]
+    assert sp.balanced_token_budget([30, 100, 55, 60, 20, 250, 45], 150) == 135
+    assert sp.balanced_token_budget([10] * 7, 70) == 70 and sp.balanced_token_budget([500], 100) == 1
     # resolve_micro_batch: an explicit count wins everywhere, with or without a token budget; auto off CUDA is 8
     d = SimpleNamespace(world=2, device="cuda:0", main=False)
     args = SimpleNamespace(micro_batch=16, max_tokens_per_micro=None, batch_prompts=64, rollouts=4,

@@ -79,6 +79,20 @@ def auto_tokens_per_micro(free_bytes: int, reserve_bytes: int, token_bytes: int,
     return max(quantum, int(share * room) // token_bytes // quantum * quantum)
 
 
+def balanced_token_budget(lengths: list[int], max_tokens: int) -> int:
+    """The smallest token budget ≤ max_tokens that micro_batch_plan splits `lengths` into as few micro-batches as
+    max_tokens does. The plan packs longest first into contiguous groups, so its count only falls as the budget grows,
+    and this is the least "rows × longest" of the largest group over every plan with that count: the groups come out
+    even instead of full ones and a small tail (a micro-batch of 1–3 sequences costs nearly a whole forward and
+    backward's weight traffic)."""
+    k = len(micro_batch_plan(lengths, 1, max_tokens))
+    lo, hi = 1, max_tokens
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if len(micro_batch_plan(lengths, 1, mid)) <= k else (mid + 1, hi)
+    return hi
+
+
 def trainer_pending_bytes(student, optim, offload_optimizer: bool) -> int:
     """Bytes the trainer has yet to allocate for the student: its gradients where they do not exist now, AdamW's two
     moments where they do not exist yet (never on the device with --offload-optimizer), and, on one rank, the bf16
@@ -100,7 +114,8 @@ def resolve_micro_batch(args, student, optim, d: D.Dist, cuda: bool, lengths: li
     torch's allocator holds unused), less the trainer's pending bytes and SAMPLER_WORKSPACE, at the student's
     `update_token_bytes`, the smallest over ranks; --max-tokens-per-micro, if given, is the budget instead. 03 calls
     it once, at its first step's planning (the sampler's KV cache then exists: generation sized it first), and keeps
-    the answer for the run. Collective on CUDA with `auto`."""
+    the answer for the run; each step then plans with `balanced_token_budget` under it. Collective on CUDA with
+    `auto`."""
     if args.micro_batch != "auto":
         return args.micro_batch, args.max_tokens_per_micro
     if not cuda:
