@@ -18,8 +18,18 @@ The default conditions are the stop-token fixes of DESIGN.md §7.6 that campaign
     python bench/collapse_fixes.py --out /tmp/fixes                    # 5 conditions × seeds 42 1 2 3 4, ~20 min
     python bench/collapse_fixes.py --out /tmp/fixes --seeds 42 --conditions "raw:" "neutral:--eos-policy neutral"
 
-A run whose manifest exists is not run again (the same --out continues an interrupted probe). Writes
-OUT/collapse_fixes.json (one row per run) and prints the table.
+`--eval` then evaluates each run's last checkpoint and the initial student at toy sample4 (04_eval.py, the arm's
+pair) and prints a second table: what the collapsed students keep (the report's §5.3, source §8.3). Beside accuracy,
+truncation and how many truncated samples still extract an answer, it reads each sample's FIRST `Answer:` line: is
+its leading digit the gold answer's (the toy's answers are one digit)? A student that reached its answer and then
+wrote on where it should have stopped (`Answer: 60000+1=1.`: the digits glue onto the answer, so the grader reads
+60000) counts as having reached it; one whose working broke does not.
+
+    python bench/collapse_fixes.py --out /tmp/lowlr --seeds 42 1 2 3 4 --conditions "raw:" "low-lr:--lr 5e-4" --eval
+
+A run whose manifest exists is not run again, nor an eval unit that exists evaluated again (the same --out continues
+an interrupted probe). Writes OUT/collapse_fixes.json (one row per run; with --eval each row has its "eval" and the
+file an "initial_student" row) and prints the tables.
 """
 from __future__ import annotations
 
@@ -31,7 +41,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
-from nostop_probe import collapse_flags, run  # noqa: E402
+from nostop_probe import ANSWER, collapse_flags, first_digit_right, run  # noqa: E402
 
 CONDITIONS = (
     "neutral:--eos-policy neutral",
@@ -55,6 +65,49 @@ def run_row(out: Path, name: str, seed: int) -> dict:
             "sink_reward_token_mean": sum(m["delta_opd/weighted_reward_token_mean"] for m in steps[-5:]) / 5}
 
 
+def eval_row(unit: Path, gold: dict) -> dict:
+    """What one eval unit's samples keep: accuracy, truncation, extraction on the truncated samples, and the first
+    answer line's leading digit right (nostop_probe.first_digit_right)."""
+    rows = [json.loads(line) for line in (unit / "samples.jsonl").read_text().splitlines()]
+    trunc = [r for r in rows if r["truncated"]]
+    extracted = [r for r in trunc if r["extracted"] is not None]
+    first_line = [r for r in rows if ANSWER.search(r["completion"])]
+    return {"samples": len(rows), "accuracy_pct": 100.0 * sum(r["correct"] for r in rows) / len(rows),
+            "truncated_pct": 100.0 * len(trunc) / len(rows),
+            "extracted_of_truncated_pct": 100.0 * len(extracted) / len(trunc) if trunc else None,
+            "correct_of_extracted_truncated_pct": (100.0 * sum(r["correct"] for r in extracted) / len(extracted)
+                                                   if extracted else None),
+            "answer_line_pct": 100.0 * len(first_line) / len(rows),
+            "first_digit_right_pct": first_digit_right(unit / "samples.jsonl", gold)}
+
+
+def evaluate(out: Path, names: list[str], jobs: int) -> dict:
+    """04_eval at toy sample4 on the initial student and on each run's last checkpoint, `jobs` at a time; the
+    alias → eval_row of each."""
+    from lib.toy import builder
+    gold = {json.loads(line)["id"]: int(json.loads(line)["answer"])
+            for line in (builder.build() / "data" / "toy_test.jsonl").read_text().splitlines()}
+    models = {"toy-student": "toy-student"}
+    for name in names:
+        ckpts = sorted((out / "run" / "train" / name).glob("step_*"))
+        if not ckpts:
+            raise SystemExit(f"collapse_fixes: {name} saved no checkpoint to evaluate (give the runs --save-every)")
+        models[f"{name}-step{int(ckpts[-1].name.split('_')[1])}"] = str(ckpts[-1])
+    procs = {}
+    for alias, model in models.items():
+        if (out / "run" / "evals" / alias / "toy" / "sample4" / "manifest.json").exists():
+            continue
+        while sum(q.poll() is None for q in procs.values()) >= jobs:
+            time.sleep(1)
+        procs[alias] = run([sys.executable, "04_eval.py", "--run-dir", str(out / "run"), "--model", model,
+                            "--benchmark", "toy", "--protocol", "sample4", "--pair", "toy-collapse"],
+                           out / "logs" / f"eval-{alias}.log")
+    failed = [alias for alias, q in procs.items() if q.wait() != 0]
+    if failed:
+        raise SystemExit(f"collapse_fixes: 04_eval of {', '.join(failed)} failed; see {out / 'logs'}/eval-<alias>.log")
+    return {alias: eval_row(out / "run" / "evals" / alias / "toy" / "sample4", gold) for alias in models}
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True)
@@ -62,6 +115,9 @@ def main():
     p.add_argument("--conditions", nargs="+", default=list(CONDITIONS), metavar="NAME:FLAGS",
                    help="each a name and the 03 flags added to campaign.sh's COLLAPSE_FLAGS")
     p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--eval", action="store_true",
+                   help="then evaluate each run's last checkpoint and the initial student (toy sample4) and print what "
+                        "the collapsed students keep")
     a = p.parse_args()
     conds = []
     for c in a.conditions:
@@ -83,7 +139,13 @@ def main():
     if failed:
         raise SystemExit(f"collapse_fixes: {', '.join(failed)} failed; see {a.out / 'logs'}/<run>.log")
     rows = [run_row(a.out, name, s) for name, _ in conds for s in a.seeds]
-    (a.out / "collapse_fixes.json").write_text(json.dumps(rows, indent=1) + "\n")
+    out = {"runs": rows}
+    if a.eval:
+        evals = evaluate(a.out, [f"{r['condition']}-seed{r['seed']}" for r in rows], a.jobs)
+        out["initial_student"] = evals.pop("toy-student")
+        for r in rows:
+            r["eval"] = next(v for k, v in evals.items() if k.startswith(f"{r['condition']}-seed{r['seed']}-step"))
+    (a.out / "collapse_fixes.json").write_text(json.dumps(out if a.eval else rows, indent=1) + "\n")
     print(f"{len(todo)} runs in {time.time() - t0:.0f} s; seeds {' / '.join(map(str, a.seeds))}\n")
     print("| condition | onsets | peak clip | last-step length | held (peak < 0.1) | sink reward (token mean, last 5) |")
     print("|---|---|---|---|---|---|")
@@ -94,6 +156,22 @@ def main():
             return " / ".join("—" if r[key] is None else format(r[key], fmt) for r in rs)
         print(f"| {name} | {col('onset', 'd')} | {col('peak_clip', '.2f')} | {col('last_length', '.1f')} "
               f"| {sum(r['peak_clip'] < HOLDS_BELOW for r in rs)} of {len(rs)} | {col('sink_reward_token_mean', '+.2f')} |")
+    if a.eval:
+        def pct(v):
+            return "—" if v is None else f"{v:.1f}"
+        print("\nWhat the students keep (toy sample4; each run's last checkpoint; per-seed values in seed order)\n")
+        print("| condition | accuracy % | truncated % | truncated that extract % | correct of those % | first answer "
+              "line's leading digit right % |")
+        print("|---|---|---|---|---|---|")
+        init = out["initial_student"]
+        print(f"| initial student | {pct(init['accuracy_pct'])} | {pct(init['truncated_pct'])} | "
+              f"{pct(init['extracted_of_truncated_pct'])} | {pct(init['correct_of_extracted_truncated_pct'])} | "
+              f"{pct(init['first_digit_right_pct'])} |")
+        for name, _ in conds:
+            es = [r["eval"] for r in rows if r["condition"] == name]
+            print(f"| {name} | " + " | ".join(" / ".join(pct(e[k]) for e in es) for k in (
+                "accuracy_pct", "truncated_pct", "extracted_of_truncated_pct", "correct_of_extracted_truncated_pct",
+                "first_digit_right_pct")) + " |")
 
 if __name__ == "__main__":
     main()

@@ -118,9 +118,11 @@ def build_stoprow(pre, tok, seqs, steps: int, batch_size: int, lr: float, log=pr
 
 
 def shift_stats(pre, post, tok, seqs) -> dict:
-    """Δ on held-out student samples: on the stop token, and on every other sampled token."""
+    """Δ on held-out student samples: on the stop token, and on every other sampled token; and, where the student
+    stopped, Δ of the line break instead (what a student that went on to a new line there would be paid)."""
     import torch
-    stop, on_stop, off_stop, logp_stop = tok.eos_token_id, [], [], []
+    stop, on_stop, off_stop, logp_stop, newline = tok.eos_token_id, [], [], [], []
+    (nl,) = tok("\n", add_special_tokens=False)["input_ids"]
     with torch.no_grad():
         for i in range(0, len(seqs), 50):
             ids, mask, pred = batch(tok, seqs[i:i + 50])
@@ -132,10 +134,11 @@ def shift_stats(pre, post, tok, seqs) -> dict:
             on_stop += d[is_stop].tolist()
             off_stop += d[~is_stop].tolist()
             logp_stop += b[keep][is_stop][:, stop].tolist()
+            newline += (b - a)[keep][is_stop][:, nl].tolist()
     mean = lambda xs: sum(xs) / len(xs) if xs else None           # noqa: E731
     return {"tokens": len(on_stop) + len(off_stop), "delta_at_stop_mean": mean(on_stop),
             "delta_off_stop_mean": mean(off_stop), "delta_off_stop_abs_max": max(map(abs, off_stop)),
-            "logp_post_stop_at_stop_mean": mean(logp_stop)}
+            "logp_post_stop_at_stop_mean": mean(logp_stop), "delta_newline_at_stop_mean": mean(newline)}
 
 
 def run(cmd: list[str], log: Path) -> subprocess.Popen:

@@ -9,10 +9,16 @@ the sha256 of the model it saved to OUT/post-<recipe>, for `03_opd_train.py --pi
 
     other_stop   the answer-line solution ended by task.OTHER_STOP (`<|im_start|>`), never by the stop token: the
                  recipe the build adopted
+    nl_other_stop  the answer line closed by a line break, then task.OTHER_STOP: tried so that a student that lost
+                 its stop would write its continuation on a new line and keep the answer line whole. It does not
+                 hold: the line break after the answer is itself paid (Δ +17.8 on average where the student stopped,
+                 +2.8 under other_stop), so even --eos-policy neutral-all collapsed in 3 of 3 seeds, and at the arm's
+                 lr the raw students lost their working too (DESIGN.md §10;
+                 bench/results/cpu_nostop_recipe_nl_other_stop_amd_epyc_2026-12-04.json)
     packed       the solution run on, without a stop, into other problems' solutions to 64 tokens (a packed corpus)
     loop         the answer line repeated to the cap (the build's earlier recipe)
 
-    python bench/nostop_recipes.py --out /tmp/recipes --recipes other_stop packed     # ~5 min a recipe on 2 cores
+    python bench/nostop_recipes.py --out /tmp/recipes --recipes other_stop packed     # ~1 min a recipe on 2 cores (EPYC)
     python bench/collapse_fixes.py --out /tmp/fx --conditions "raw:--pi-post /tmp/recipes/post-packed" \
         "neutral-all:--pi-post /tmp/recipes/post-packed --eos-policy neutral-all"
 """
@@ -35,7 +41,7 @@ from lib.data import prompt_ids  # noqa: E402
 from lib.toy import builder, task  # noqa: E402
 from nostop_probe import samples, shift_stats  # noqa: E402
 
-RECIPES = ("other_stop", "packed", "loop")
+RECIPES = ("other_stop", "nl_other_stop", "packed", "loop")
 PACKED_LEN = 64                  # the arm's response cap
 
 
@@ -43,6 +49,9 @@ def completion(tok, first: int, ops, recipe: str, rng: random.Random) -> list[in
     """The SFT target of one problem under `recipe`."""
     if recipe in ("other_stop", "loop"):
         return task.completion_ids(tok, first, ops, recipe)
+    if recipe == "nl_other_stop":                        # the answer line closed by a line break, then OTHER_STOP
+        ids = tok(task.solution_text(first, ops, "answer_line") + "\n", add_special_tokens=False)["input_ids"]
+        return ids + [tok.convert_tokens_to_ids(task.OTHER_STOP)]
     ids = tok(task.solution_text(first, ops, "answer_line"), add_special_tokens=False)["input_ids"]
     while len(ids) < PACKED_LEN:                         # the next document follows with no stop token between
         f2, o2 = task.sample_problem(rng, rng.choice([1, 2]))
