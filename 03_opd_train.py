@@ -394,7 +394,7 @@ def main(argv=None):
     d = D.init()
     torch.manual_seed(args.seed)
     bf16 = d.device.type == "cuda"
-    if args.micro_batch == "auto" and not bf16:          # off CUDA `auto` is the flag's default, before anything uses it
+    if args.micro_batch == "auto" and not bf16:     # off CUDA `auto` is the flag's default, before anything uses it
         args.micro_batch, _ = resolve_micro_batch(args, None, None, d, cuda=False)
     limits = None                                        # the update's (max sequences, max tokens): at the first step
 
