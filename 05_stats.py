@@ -67,7 +67,7 @@ from lib.report.campaign import (BUDGET_STOPPED, CURVE_KEYS, STOPPED_COLLAPSE, U
                                  pending_units, run_identity, unfinished_dirs)
 from lib.report.conditions import build_conditions, run_settings, snapshots, summary_row
 from lib.report.hypotheses import evaluate
-from lib.report.rollouts import excerpts as rollout_excerpts, pool_truncated, truncated_extraction
+from lib.report.rollouts import excerpts as rollout_excerpts, pool_truncated, reached_counts, truncated_extraction
 
 # a changed input or a unit that cannot be paired is refused in one line naming it, not with a traceback
 refuse_in_one_line("05_stats", ArtifactError, stats.AlignmentError)
@@ -398,7 +398,8 @@ for u in units:
                  "scores_accuracy_pct": recorded,
                  "accuracy_matches_scores": (recorded is None
                                              or math.isclose(recorded, d["accuracy_pct"], abs_tol=1e-6)),
-                 **d})
+                 **d,
+                 **reached_counts(u.rows, u.benchmark)})      # the toy's "reached its answer" (lib/report/rollouts.py)
 
 
 # --- what the students wrote: extraction on truncated samples (source §8.3), and excerpts per checkpoint ---

@@ -574,22 +574,29 @@ elif fmt_rows:
 L += ["### 5.3 Truncation: what truncated samples still extract and score", "",
       "Source §8.3: a truncated sample that still ends in a gradeable answer is a student that reached its answer and "
       "then kept writing (a lost stop token); one with no answer never got there. Extracted % is of the truncated "
-      "samples, correct % of those extracted.", ""]
+      "samples, correct % of those extracted. On a toy benchmark the grader cannot make that split: nothing closes "
+      "the toy's answer line before its stop token, so a student that wrote its answer and then more digits instead "
+      "of stopping (`Answer: 60000+1=1.`) extracts a wrong one. There, reached % counts the samples whose FIRST "
+      "answer begins with the gold answer (the toy's answers are one digit), of all samples and of the truncated "
+      "ones: a student that lost only its stop reaches its answer as often as its init did (lib/report/rollouts.py, "
+      "DESIGN.md §10); — elsewhere.", ""]
 TX = ROLL["truncated_extraction"]
 table(["unit", "role", "condition", "step", "samples", "trunc %", "truncated samples", "extracted", "extracted %",
-       "correct", "correct of extracted %", "acc on truncated %"],
+       "correct", "correct of extracted %", "acc on truncated %", "reached %", "truncated that reached %"],
       [[f"`{t['unit']}`", t["role"], f"`{t['condition']}`" if t["condition"] else "—", num(t["step"]), t["n_samples"],
         pct(t["truncation_pct"]), t["n_truncated"], t["n_extracted"], pct(t["extracted_pct"]),
         t["n_extracted_correct"], pct(t["correct_of_extracted_pct"]),
-        pct(diag_by_unit[t["unit"]]["truncated_accuracy_pct"], 2)] for t in TX["units"]],
+        pct(diag_by_unit[t["unit"]]["truncated_accuracy_pct"], 2), pct(t["reached_pct"]),
+        pct(t["truncated_reached_pct"])] for t in TX["units"]],
       "`stats/rollouts.json` (truncated_extraction.units), `stats/diagnostics.json`")
 L += ["Per condition, summed over its seeds' latest evaluated checkpoints (the units its verdict in §3.1 rests "
       "on):", ""]
 table(["condition", "benchmark", "protocol", "seeds", "samples", "trunc %", "truncated samples", "extracted",
-       "extracted %", "correct", "correct of extracted %"],
+       "extracted %", "correct", "correct of extracted %", "reached %", "truncated that reached %"],
       [[f"`{c['condition']}`", c["benchmark"], c["protocol"], ", ".join(map(str, c["training_seeds"])), c["n_samples"],
         pct(c["truncation_pct"]), c["n_truncated"], c["n_extracted"], pct(c["extracted_pct"]), c["n_extracted_correct"],
-        pct(c["correct_of_extracted_pct"])] for c in TX["conditions"]],
+        pct(c["correct_of_extracted_pct"]), pct(c["reached_pct"]), pct(c["truncated_reached_pct"])]
+       for c in TX["conditions"]],
       "`stats/rollouts.json` (truncated_extraction.conditions)")
 L += ["### 5.4 Cap sensitivity — π_post held to π_pre's cap", "",
       "kept-only: π_post's accuracy on its samples within π_pre's cap, on the problems that have one (conditional, "

@@ -142,8 +142,9 @@ if [ "$PAIR" = toy ] && [ "$COLLAPSE_ARM" != 0 ]; then
   # campaign's time; COLLAPSE_ARM=all runs every fix for every seed (24 runs). One run name per condition and seed;
   # 05 pools only runs of identical settings (lib/report/conditions.py). The learning rates are lib/registry.py's
   # TOY_COLLAPSE_LR / TOY_COLLAPSE_LOW_LR (its hypotheses select the conditions by them); the caps are the student
-  # toy-long's (64 response tokens). The raw condition's last checkpoints are evaluated: a collapsed student's
-  # truncated samples, and whether they still hold its answer (source §8.3). 20 steps of 16 prompts × 4 at lr 2.5e-3:
+  # toy-long's (64 response tokens). The raw and low-lr conditions' last checkpoints are evaluated: a collapsed
+  # student's truncated samples, and whether they still hold its answer (source §8.3; at the lower lr they reach it as
+  # often as the initial student, at 2.5e-3 far less: DESIGN.md §10). 20 steps of 16 prompts × 4 at lr 2.5e-3:
   # on the AMD EPYC's bytes every raw seed of five collapsed (onsets 3-6) and neutral-all held all five; at lr 2e-3
   # one raw seed of five never reached the onset (bench/collapse_fixes.py; DESIGN.md §10 has the table).
   COLLAPSE_FLAGS=(--pair toy-collapse --reward delta-topk --steps 20 --batch-prompts 16 --lr 2.5e-3 --save-every 20
@@ -163,7 +164,8 @@ if [ "$PAIR" = toy ] && [ "$COLLAPSE_ARM" != 0 ]; then
   read -ra FIRST_SEED <<< "$SEEDS"   # the default runs the other fixes for ${FIRST_SEED[0]} only
   OTHER_SEEDS=${FIRST_SEED[0]}
   [ "$COLLAPSE_ARM" = all ] && OTHER_SEEDS=$SEEDS
-  collapse_run() {   # CONDITION SEED: one run, train/collapse-<condition>[-seed<S>]; a raw run's last checkpoint eval
+  collapse_run() {   # CONDITION SEED: one run, train/collapse-<condition>[-seed<S>]; a raw or low-lr run's last
+                     # checkpoint evaluated
     local COND=${1%%:*} FLAGS=${1#*:} SEED=$2 NAME OUT CKPT
     NAME=$(run_name "collapse-$COND" "$SEED")
     OUT="$RUN/train/$NAME"
@@ -174,7 +176,7 @@ if [ "$PAIR" = toy ] && [ "$COLLAPSE_ARM" != 0 ]; then
       python 03_opd_train.py --nproc "$NPROC" --run-dir "$RUN" --seed "$SEED" --run-name "$NAME" \
         "${COLLAPSE_FLAGS[@]}" $FLAGS
     fi
-    if [ "$COND" = raw ]; then
+    if [ "$COND" = raw ] || [ "$COND" = low-lr ]; then
       CKPT=$(ls -d "$OUT"/step_*/ | sort -V | tail -n 1)
       python 04_eval.py --run-dir "$RUN" --model "$CKPT" --benchmark toy --protocol sample4 --backend "$BACKEND" \
         --skip-if-exists

@@ -48,7 +48,8 @@ def test_unit_contents(world, tmp_path):
     assert prov["model"]["resolved_revision"].startswith("toy:")
     for r in rows:                       # every row carries what DESIGN.md §5 lists
         assert set(r) >= {"problem_id", "seed", "pass", "completion", "n_tokens", "truncated", "extractor",
-                          "extracted", "correct", "verify_method"}
+                          "extracted", "correct", "verify_method", "answer"}
+        assert int(r["answer"]) == gold[r["problem_id"]]          # the gold answer it was graded against
         assert not r["truncated"] or r["n_tokens"] == scores["max_new_tokens"]
 
 

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from lib.eval.extract import candidates, clean, extract_answer, is_prose, last_boxed
+from lib.eval.extract import candidates, clean, extract_answer, first_answer, is_prose, last_boxed
 
 # --- a prose Answer: line: which paths are offered, in order (hand-written) ---
 
@@ -48,6 +48,24 @@ def test_prose_detection():
 ])
 def test_where_the_answer_is(completion, extracted, extractor):
     assert extract_answer(completion) == (extracted, extractor)
+
+
+# --- the answer written first (the report's "reached its answer"; hand-written) ---
+
+@pytest.mark.parametrize("completion, first, last", [
+    # a toy student past its stop: the digits it wrote instead run into its answer; the grader reads the last line
+    ("1-1=0. 0+6=6.\nAnswer: 60000+1=1.\nAnswer: 1", "60000+1=1.", "1"),
+    ("so \\boxed{3}, checked.\nAnswer: 4", "3", "4"),                    # the box came first
+    ("Answer: 5\nsee \\boxed{7}", "5", "5"),                              # the line came first
+    ("Answer:\nAnswer: 2\nAnswer: 8", "2", "8"),                          # an empty Answer: line is no answer yet
+    ("Answer: 6\nAnswer: 6\nAnswer: 6", "6", "6"),                        # a loop on the answer
+    ("<think>Answer: 9</think> \\boxed{8} then \\boxed{1}", "8", "1"),    # the thinking's draft does not count
+    ("<think>\nAnswer: 9\n</think>no answer outside", "9", "9"),          # … unless nothing is outside it
+    ("I think it is 5.", None, None),
+])
+def test_first_answer_is_the_earliest_where_the_grader_reads_the_last(completion, first, last):
+    assert first_answer(completion) == first
+    assert extract_answer(completion)[0] == last
 
 
 def test_last_boxed_nested_and_escaped():

@@ -50,9 +50,10 @@ def write_unit(run_dir: Path, alias: str, protocol: str, probs, cap: int, tokens
             trunc = n_tok >= cap
             ext = "none" if (trunc and rng.random() < 0.5) else ("boxed" if rng.random() < 0.3 else "answer_line")
             ok = bool(ext != "none" and rng.random() < probs[level - 1])
-            rows.append({"problem_id": f"toy-{i:03d}", "seed": s, "pass": s, "completion": "1+2=3. Answer: 3",
+            rows.append({"problem_id": f"toy-{i:03d}", "seed": s, "pass": s, "completion": "1+2=3.\nAnswer: 3",
                          "n_tokens": n_tok, "truncated": trunc, "extractor": ext, "extracted": None if ext == "none" else "3",
-                         "correct": ok, "verify_method": "math_verify", "grade_reason": None, "level": level})
+                         "correct": ok, "verify_method": "math_verify", "grade_reason": None, "level": level,
+                         "answer": ("3", "6", "7")[i % 3]})
     if mutate:
         rows = mutate(rows)
     acc = 100.0 * np.mean([r["correct"] for r in rows])
@@ -628,7 +629,9 @@ def table_specs(campaign):
     trunc_cols = {"samples": ("num", lambda r: r["n_samples"]), "trunc %": ("num", lambda r: r["truncation_pct"]),
                   "truncated samples": ("num", lambda r: r["n_truncated"]), "extracted": ("num", lambda r: r["n_extracted"]),
                   "extracted %": ("num", lambda r: r["extracted_pct"]), "correct": ("num", lambda r: r["n_extracted_correct"]),
-                  "correct of extracted %": ("num", lambda r: r["correct_of_extracted_pct"])}
+                  "correct of extracted %": ("num", lambda r: r["correct_of_extracted_pct"]),
+                  "reached %": ("num", lambda r: r["reached_pct"]),
+                  "truncated that reached %": ("num", lambda r: r["truncated_reached_pct"])}
     clauses = [dict(c, _h=h["name"]) for h in COND["hypotheses"] for c in h["clauses"]]
     XA = [r for r in (J("stats/gates.json").get("anatomy_cross") or {}).get("pairs", []) if r["status"] == "scored"]
     lps = lambda role: ("num", lambda r: r["logp_stop_at_answer_end"][role])

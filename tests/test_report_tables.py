@@ -1,11 +1,13 @@
 """The report's sample-level tables (issue 32 item 6), each checked against the artifacts by a computation of its own.
 
 The campaign is tests/test_report.py's fabricated one, with the truncated samples of every checkpoint unit rewritten
-as a collapsed student writes them (its answer, then the same answer line again and again until the cap) or as a
-destroyed one does (a clause repeated, no answer). 05_stats and 06_report run on it as subprocesses; then:
+as a collapsed student writes them (its answer, then the same answer line again and again until the cap, or more
+digits glued onto its answer and then other answer lines) or as a destroyed one does (a clause repeated, no answer).
+05_stats and 06_report run on it as subprocesses; then:
 
     extraction on truncated samples (source §8.3)   counted here from each unit's samples.jsonl, and summed per
-                                                    condition over the units its verdict rests on
+                                                    condition over the units its verdict rests on; with the samples
+                                                    whose first answer reached the gold one (a regex of its own)
     rollout excerpts                                the first sample of each kind picked here from samples.jsonl; the
                                                     excerpt is the completion or its head and tail, the loop visible
     student − π_post, paired                        per-problem means on the common seeds, bootstrapped here
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -33,6 +36,8 @@ pytestmark = pytest.mark.e2e
 
 LOOP_ANSWER = "3+5=8. 8-2=6.\n" + "Answer: 6\n" * 40           # reached its answer, then could not stop
 LOOP_NO_ANSWER = "3+5=8. 8-2=6. " * 30                            # never got to an answer
+# reached its answer, then wrote digits where it should have stopped (the toy's collapse): the grader reads "1"
+GLUED_ANSWER = "3+5=8. 8-2=6.\nAnswer: 60000+1=1.\n" + "Answer: 1\n" * 30
 
 
 def collapse_checkpoint_units(run_dir: Path) -> None:
@@ -42,9 +47,10 @@ def collapse_checkpoint_units(run_dir: Path) -> None:
         if read_json(scores)["provenance"]["model"].get("train_run") is None:
             continue
         rows = [json.loads(ln) for ln in (d / "samples.jsonl").read_text().splitlines()]
-        for r in rows:
+        for k, r in enumerate(rows):
             if r["truncated"]:
-                r["completion"] = LOOP_ANSWER if r["extractor"] != "none" else LOOP_NO_ANSWER
+                r["completion"] = (LOOP_ANSWER if k % 2 else GLUED_ANSWER) if r["extractor"] != "none" \
+                    else LOOP_NO_ANSWER
         atomic_write_jsonl(d / "samples.jsonl", rows)
         write_manifest(d, stage="04_eval", script=__file__, args={"pair": "toy", "model": d.parts[-3]}, inputs={},
                        outputs=["samples.jsonl", "scores.json"], started=now_iso(), wall_s=1.0, gpu_s=0.0)
@@ -69,9 +75,19 @@ def finished_units(run_dir: Path) -> list[str]:
 
 # --- the checks: each recomputes its table from the artifacts ---
 
+FIRST_ANSWER = re.compile(r"^Answer:[ \t]*(\S+)|\\boxed\{([^{}]*)\}", re.M)   # enough for these completions
+
+
+def reached_here(r: dict) -> bool:
+    """The first `Answer: x` or `\\boxed{x}` of the completion starts with the gold answer (the report's `reached`)."""
+    m = FIRST_ANSWER.search(r["completion"])
+    return m is not None and (m.group(1) or m.group(2)).startswith(r["answer"])
+
+
 def check_truncated_extraction(run_dir: Path) -> None:
-    """Per unit: truncated samples, those whose answer still extracts, those of them correct; per condition the sums
-    over the units its by_condition verdict rests on."""
+    """Per unit: truncated samples, those whose answer still extracts, those of them correct, and the samples (all,
+    truncated) whose first answer reached the gold one; per condition the sums over the units its by_condition
+    verdict rests on."""
     R = read_json(run_dir / "stats" / "rollouts.json")["truncated_extraction"]
     got = {t["unit"]: t for t in R["units"]}
     assert sorted(got) == finished_units(run_dir)
@@ -81,9 +97,13 @@ def check_truncated_extraction(run_dir: Path) -> None:
         trunc = [r for r in rows if r["truncated"]]
         ext = [r for r in trunc if r["extractor"] != "none"]
         ok = [r for r in ext if r["correct"]]
-        counts[unit] = (len(rows), len(trunc), len(ext), len(ok))
+        counts[unit] = (len(rows), len(trunc), len(ext), len(ok), sum(map(reached_here, rows)),
+                        sum(map(reached_here, trunc)))
         t = got[unit]
-        assert (t["n_samples"], t["n_truncated"], t["n_extracted"], t["n_extracted_correct"]) == counts[unit], unit
+        assert (t["n_samples"], t["n_truncated"], t["n_extracted"], t["n_extracted_correct"], t["n_reached"],
+                t["n_truncated_reached"]) == counts[unit], unit
+        assert t["reached_pct"] == pytest.approx(100 * counts[unit][4] / len(rows))
+        assert t["truncated_reached_pct"] == (pytest.approx(100 * counts[unit][5] / len(trunc)) if trunc else None)
         assert t["extracted_pct"] == (pytest.approx(100 * len(ext) / len(trunc)) if trunc else None)
         assert t["correct_of_extracted_pct"] == (pytest.approx(100 * len(ok) / len(ext)) if ext else None)
     SG = read_json(run_dir / "stats" / "student_gains.json")
@@ -91,8 +111,11 @@ def check_truncated_extraction(run_dir: Path) -> None:
             for e in SG["by_condition"]}
     assert sorted((c["condition"], c["benchmark"], c["protocol"]) for c in R["conditions"]) == sorted(want)
     for c in R["conditions"]:
-        n, tr, ex, ok = np.sum([counts[u] for u in want[(c["condition"], c["benchmark"], c["protocol"])]], axis=0)
-        assert (c["n_samples"], c["n_truncated"], c["n_extracted"], c["n_extracted_correct"]) == (n, tr, ex, ok)
+        n, tr, ex, ok, re_all, re_tr = np.sum([counts[u] for u in want[(c["condition"], c["benchmark"],
+                                                                          c["protocol"])]], axis=0)
+        assert (c["n_samples"], c["n_truncated"], c["n_extracted"], c["n_extracted_correct"], c["n_reached"],
+                c["n_truncated_reached"]) == (n, tr, ex, ok, re_all, re_tr)
+        assert c["reached_pct"] == pytest.approx(100 * re_all / n)
         assert c["extracted_pct"] == pytest.approx(100 * ex / tr) and c["truncation_pct"] == pytest.approx(100 * tr / n)
 
 
@@ -239,6 +262,12 @@ MUTANTS = {   # name: (script, old, new); the check named must fail on the mutat
         "lib/report/campaign.py",
         '"n_truncated_extracted": sum(r["extractor"] != "none" for r in trunc),',
         '"n_truncated_extracted": sum(r["extractor"] != "none" for r in rows),'),
+    "truncated samples that reached counted over all samples": (
+        "lib/report/rollouts.py", '"n_truncated_reached": sum(reached(r) for r in rows if r["truncated"])}',
+        '"n_truncated_reached": sum(reached(r) for r in rows)}'),
+    "reached read from the last answer, not the first": (
+        "lib/report/rollouts.py", "first = first_answer(row[\"completion\"])",
+        "first = __import__(\"lib.eval.extract\", fromlist=[\"_\"]).extract_answer(row[\"completion\"])[0]"),
     "a condition pooled on its first seed only": (
         "05_stats.py", '**pool_truncated([trunc_by_unit[g["unit_b"]] for g in e["per_seed"]])}',
         '**pool_truncated([trunc_by_unit[g["unit_b"]] for g in e["per_seed"][:1]])}'),
@@ -273,6 +302,8 @@ def test_checks_catch_a_mutated_stage(looped, tmp_path, name):
 
 
 REPORT_MUTANTS = {   # name: (old, new) in 06_report.py; check_tables must fail on the README it writes
+    "reached % of all printed as of the truncated": ('["truncated_accuracy_pct"], 2), pct(t["reached_pct"]),',
+                                                     '["truncated_accuracy_pct"], 2), pct(t["truncated_reached_pct"]),'),
     "extracted % printed as correct of extracted %": ('t["n_extracted_correct"], pct(t["correct_of_extracted_pct"])',
                                                       't["n_extracted_correct"], pct(t["extracted_pct"])'),
     "π_post and checkpoint accuracy swapped": ('v["pair"], pct(v["acc_a"], 2),\n        pct(v["acc_b"], 2)',

@@ -1,6 +1,7 @@
 """Answer extraction for the grader (DESIGN.md §5): pure functions, linear in the completion's length.
 
     extract_answer(completion) -> (answer | None, extractor)        the primary answer, as 01_gates counts them
+    first_answer(completion)   -> answer | None                      the answer written FIRST (the report's §8.3 view)
     candidates(completion)     -> [(path, answer), ...]              every answer the grader may try, in order
     clean(answer)              -> the retry form math-verify gets when the answer as written does not match
 
@@ -207,6 +208,29 @@ def extract_answer(completion: str) -> tuple[str | None, str]:
         if boxed is not None:
             return boxed, "boxed"
     return None, "none"
+
+
+def first_answer(completion: str) -> str | None:
+    """The answer the completion wrote first, where the grader reads the last: the first `Answer:` line with content
+    or the first closed box, whichever starts earlier, in the visible text, else in the whole completion; delimiters
+    stripped as the grader strips them. Not graded: the report reads it to ask whether a student that ran past its
+    stop had reached its answer before (lib/report/rollouts.py)."""
+    for text in (visible_part(completion), completion):
+        found, at = None, len(text) + 1
+        offset = 0
+        for ln in lines(text):
+            m = _ANSWER_HEAD.match(ln)
+            content = ln[m.end():].strip().lstrip("*_").strip() if m else ""
+            if strip_delimiters(content):                  # an empty `Answer:` line is no answer yet
+                found, at = _answer_from_line(content), offset
+                break
+            offset += len(ln) + 1
+        first_box = next(iter(boxes(text)), None)
+        if first_box is not None and first_box[0] < at:
+            found = first_box[2]
+        if found:
+            return found
+    return None
 
 
 # --- digits: a Unicode decimal digit (fullwidth ５, Arabic-Indic ٥, …) is the ASCII digit it means ---

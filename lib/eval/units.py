@@ -2,7 +2,8 @@
 
     evals/<alias>/<benchmark>/<protocol>/
         samples.jsonl   one row per sample: problem_id, seed, pass, completion, n_tokens, truncated, extractor,
-                        extracted, correct, verify_method, grade_reason, decided_by, level
+                        extracted, correct, verify_method, grade_reason, decided_by, level, answer (the gold
+                        answer graded against, so a reader of the rows can re-grade them without the benchmark)
         scores.json     accuracy (+95 % CI), truncation, tokens, extractor split, grading (what decided, every
                         timeout), deviations, provenance, config
         manifest.json   lib.artifacts manifest: the sha256 of both files above
@@ -212,10 +213,12 @@ def grading_summary(rows: list[dict], grades: list, timeout_s: float) -> dict:
 
 def sample_rows(plan: Plan, gens: list[dict], grades: list) -> list[dict]:
     level = {r["id"]: r.get("level") for r in plan.rows}
+    gold = {r["id"]: r["answer"] for r in plan.rows}
     return [{"problem_id": g["problem_id"], "seed": g["seed"], "pass": g["seed"], "completion": g["completion"],
              "n_tokens": g["n_tokens"], "truncated": g["truncated"], "extractor": gr.extractor,
              "extracted": gr.extracted, "correct": bool(gr.correct), "verify_method": gr.verify_method,
-             "grade_reason": gr.reason, "decided_by": gr.decided_by, "level": level[g["problem_id"]]}
+             "grade_reason": gr.reason, "decided_by": gr.decided_by, "level": level[g["problem_id"]],
+             "answer": gold[g["problem_id"]]}
             for g, gr in zip(gens, grades)]
 
 

@@ -6,6 +6,13 @@ A truncated sample hit the token cap. Source §8.3 splits it in two: a sample th
 answer (a destroyed policy). So per unit: of the truncated samples, how many still extract an answer, and how many of
 those are correct; and per condition the same counts summed over its seeds' latest evaluated checkpoints.
 
+On the toy benchmarks the grader's split cannot tell the two apart (DESIGN.md §10): the toy's answer line has nothing
+that closes it before the stop token (`Answer: 6<|im_end|>`, where a `\\boxed{6}` closes at its brace), so a student
+that wrote its answer and then, instead of stopping, more digits (`Answer: 60000+1=1.`) extracts a wrong answer. So
+for a toy benchmark each unit also counts the samples that REACHED the gold answer: their first answer
+(lib/eval/extract.first_answer) begins with it (`reached`; the toy's answers are one digit, so this is the first
+answer's leading digit). Elsewhere, where a prefix proves nothing (gold 1, first answer 12), it is not counted.
+
 Excerpts: per evaluated checkpoint (and the student's init, for contrast), up to MAX_EXCERPTS samples of one unit,
 chosen by a fixed rule so a rebuild picks the same ones: of each kind in KINDS that the unit has, the longest sample
 (most tokens: the hardest problem solved, the longest loop), the first in (problem id, seed) order among equals. A
@@ -16,6 +23,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+from lib.eval.extract import first_answer
+
 MAX_EXCERPTS = 3
 HEAD_CHARS, TAIL_CHARS = 160, 160          # a completion longer than their sum (+ the marker) is cut in the middle
 # the kinds of sample an excerpt shows, in the order they are looked for: truncated ones first (the loop)
@@ -25,22 +34,50 @@ KINDS = (("truncated, answer extracted", lambda r: r["truncated"] and r["extract
          ("stopped, wrong", lambda r: not r["truncated"] and not r["correct"]))
 
 
+def reached(row: dict) -> bool:
+    """The sample's first answer begins with its gold answer (spaces ignored): it got to the answer, whatever it wrote
+    after it. Needs the row's `answer` (04_eval writes it)."""
+    first = first_answer(row["completion"])
+    return first is not None and first.replace(" ", "").startswith(str(row["answer"]).replace(" ", ""))
+
+
+def reached_counts(rows: list[dict], benchmark: str) -> dict:
+    """How many samples, and how many truncated samples, reached the gold answer: counted on a toy benchmark whose
+    rows carry their gold answer, else None (see the module docstring)."""
+    if not benchmark.startswith("toy") or not rows or any("answer" not in r for r in rows):
+        return {"n_reached": None, "n_truncated_reached": None}
+    return {"n_reached": sum(reached(r) for r in rows),
+            "n_truncated_reached": sum(reached(r) for r in rows if r["truncated"])}
+
+
+def _pct(k: int | None, n: int | None) -> float | None:
+    return 100.0 * k / n if k is not None and n else None
+
+
 def truncated_extraction(d: dict) -> dict:
-    """The §8.3 numbers of one unit's diagnostics (lib.report.campaign.diagnostics): counts and percentages."""
+    """The §8.3 numbers of one unit's diagnostics (lib.report.campaign.diagnostics, and reached_counts' two counts):
+    counts and percentages."""
     n, ext, ok = d["n_truncated"], d["n_truncated_extracted"], d["n_truncated_extracted_correct"]
     return {"n_samples": d["n_samples"], "n_truncated": n, "n_extracted": ext, "n_extracted_correct": ok,
+            "n_reached": d["n_reached"], "n_truncated_reached": d["n_truncated_reached"],
             "truncation_pct": d["truncation_pct"],
-            "extracted_pct": 100.0 * ext / n if n else None,          # of the truncated samples
-            "correct_of_extracted_pct": 100.0 * ok / ext if ext else None}
+            "extracted_pct": _pct(ext, n),                            # of the truncated samples
+            "correct_of_extracted_pct": _pct(ok, ext),
+            "reached_pct": _pct(d["n_reached"], d["n_samples"]),      # of all samples
+            "truncated_reached_pct": _pct(d["n_truncated_reached"], n)}
 
 
 def pool_truncated(rows: list[dict]) -> dict:
-    """The counts of several units (a condition's seeds) summed, then the same percentages."""
+    """The counts of several units (a condition's seeds) summed, then the same percentages (a reached count only
+    when every unit has one)."""
     tot = {k: sum(r[k] for r in rows) for k in ("n_samples", "n_truncated", "n_extracted", "n_extracted_correct")}
-    return {**tot, "truncation_pct": 100.0 * tot["n_truncated"] / tot["n_samples"] if tot["n_samples"] else None,
-            "extracted_pct": 100.0 * tot["n_extracted"] / tot["n_truncated"] if tot["n_truncated"] else None,
-            "correct_of_extracted_pct": (100.0 * tot["n_extracted_correct"] / tot["n_extracted"]
-                                         if tot["n_extracted"] else None)}
+    for k in ("n_reached", "n_truncated_reached"):
+        tot[k] = None if any(r[k] is None for r in rows) else sum(r[k] for r in rows)
+    return {**tot, "truncation_pct": _pct(tot["n_truncated"], tot["n_samples"]),
+            "extracted_pct": _pct(tot["n_extracted"], tot["n_truncated"]),
+            "correct_of_extracted_pct": _pct(tot["n_extracted_correct"], tot["n_extracted"]),
+            "reached_pct": _pct(tot["n_reached"], tot["n_samples"]),
+            "truncated_reached_pct": _pct(tot["n_truncated_reached"], tot["n_truncated"])}
 
 
 def max_line_repeats(text: str) -> int:
