@@ -2,6 +2,7 @@
 a different config (and its own messages for a tampered or unsealed checkpoint and for two benchmark files with one
 stem), detection of a corrupted generations file, resume from a partial file, and the context gate."""
 import json
+import re
 import shutil
 from collections import Counter
 
@@ -50,6 +51,8 @@ def test_unit_contents(world, tmp_path):
         assert set(r) >= {"problem_id", "seed", "pass", "completion", "n_tokens", "truncated", "extractor",
                           "extracted", "correct", "verify_method", "answer"}
         assert int(r["answer"]) == gold[r["problem_id"]]          # the gold answer it was graded against
+        first = re.search(r"^Answer:[ \t]*(.+)$|\\boxed\{([^{}]*)\}", r["completion"], re.M)   # the toy's two forms
+        assert r["first_answer"] == (None if first is None else (first.group(1) or first.group(2)).strip())
         assert not r["truncated"] or r["n_tokens"] == scores["max_new_tokens"]
 
 

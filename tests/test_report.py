@@ -53,7 +53,7 @@ def write_unit(run_dir: Path, alias: str, protocol: str, probs, cap: int, tokens
             rows.append({"problem_id": f"toy-{i:03d}", "seed": s, "pass": s, "completion": "1+2=3.\nAnswer: 3",
                          "n_tokens": n_tok, "truncated": trunc, "extractor": ext, "extracted": None if ext == "none" else "3",
                          "correct": ok, "verify_method": "math_verify", "grade_reason": None, "level": level,
-                         "answer": ("3", "6", "7")[i % 3]})
+                         "answer": ("3", "6", "7")[i % 3], "first_answer": "3"})
     if mutate:
         rows = mutate(rows)
     acc = 100.0 * np.mean([r["correct"] for r in rows])

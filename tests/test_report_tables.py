@@ -30,6 +30,7 @@ import numpy as np
 import pytest
 
 from lib.artifacts import atomic_write_jsonl, now_iso, read_json, write_manifest
+from lib.eval.extract import first_answer
 from test_report import boot_summary, check_tables, make_campaign, per_problem, run_mutant, run_stage, unit_seeds
 
 pytestmark = pytest.mark.e2e
@@ -51,6 +52,7 @@ def collapse_checkpoint_units(run_dir: Path) -> None:
             if r["truncated"]:
                 r["completion"] = (LOOP_ANSWER if k % 2 else GLUED_ANSWER) if r["extractor"] != "none" \
                     else LOOP_NO_ANSWER
+                r["first_answer"] = first_answer(r["completion"])             # as 04_eval writes it
         atomic_write_jsonl(d / "samples.jsonl", rows)
         write_manifest(d, stage="04_eval", script=__file__, args={"pair": "toy", "model": d.parts[-3]}, inputs={},
                        outputs=["samples.jsonl", "scores.json"], started=now_iso(), wall_s=1.0, gpu_s=0.0)
@@ -266,8 +268,7 @@ MUTANTS = {   # name: (script, old, new); the check named must fail on the mutat
         "lib/report/rollouts.py", '"n_truncated_reached": sum(reached(r) for r in rows if r["truncated"])}',
         '"n_truncated_reached": sum(reached(r) for r in rows)}'),
     "reached read from the last answer, not the first": (
-        "lib/report/rollouts.py", "first = first_answer(row[\"completion\"])",
-        "first = __import__(\"lib.eval.extract\", fromlist=[\"_\"]).extract_answer(row[\"completion\"])[0]"),
+        "lib/report/rollouts.py", "first = row[\"first_answer\"]", "first = row[\"extracted\"]"),
     "a condition pooled on its first seed only": (
         "05_stats.py", '**pool_truncated([trunc_by_unit[g["unit_b"]] for g in e["per_seed"]])}',
         '**pool_truncated([trunc_by_unit[g["unit_b"]] for g in e["per_seed"][:1]])}'),

@@ -3,7 +3,9 @@
     evals/<alias>/<benchmark>/<protocol>/
         samples.jsonl   one row per sample: problem_id, seed, pass, completion, n_tokens, truncated, extractor,
                         extracted, correct, verify_method, grade_reason, decided_by, level, answer (the gold
-                        answer graded against, so a reader of the rows can re-grade them without the benchmark)
+                        answer graded against, so a reader of the rows can re-grade them without the benchmark),
+                        first_answer (the answer written first, where `extracted` is the last: the report's
+                        "reached its answer", lib/report/rollouts.py)
         scores.json     accuracy (+95 % CI), truncation, tokens, extractor split, grading (what decided, every
                         timeout), deviations, provenance, config
         manifest.json   lib.artifacts manifest: the sha256 of both files above
@@ -27,6 +29,7 @@ from lib.artifacts import (ArtifactError, atomic_write_json, atomic_write_jsonl,
 from lib.cli import name_error
 from lib.data import evenly_spaced
 from lib.errors import UserError
+from lib.eval.extract import first_answer
 from lib.eval.grading import TIMEOUT_S
 from lib.report.campaign import EXTRACTORS, check_unit
 from lib.report.stats import resample_index
@@ -218,7 +221,7 @@ def sample_rows(plan: Plan, gens: list[dict], grades: list) -> list[dict]:
              "n_tokens": g["n_tokens"], "truncated": g["truncated"], "extractor": gr.extractor,
              "extracted": gr.extracted, "correct": bool(gr.correct), "verify_method": gr.verify_method,
              "grade_reason": gr.reason, "decided_by": gr.decided_by, "level": level[g["problem_id"]],
-             "answer": gold[g["problem_id"]]}
+             "answer": gold[g["problem_id"]], "first_answer": first_answer(g["completion"])}
             for g, gr in zip(gens, grades)]
 
 

@@ -9,9 +9,10 @@ those are correct; and per condition the same counts summed over its seeds' late
 On the toy benchmarks the grader's split cannot tell the two apart (DESIGN.md §10): the toy's answer line has nothing
 that closes it before the stop token (`Answer: 6<|im_end|>`, where a `\\boxed{6}` closes at its brace), so a student
 that wrote its answer and then, instead of stopping, more digits (`Answer: 60000+1=1.`) extracts a wrong answer. So
-for a toy benchmark each unit also counts the samples that REACHED the gold answer: their first answer
-(lib/eval/extract.first_answer) begins with it (`reached`; the toy's answers are one digit, so this is the first
-answer's leading digit). Elsewhere, where a prefix proves nothing (gold 1, first answer 12), it is not counted.
+for a toy benchmark each unit also counts the samples that REACHED the gold answer: their first answer (the row's
+`first_answer`, which 04_eval writes by lib/eval/extract.first_answer) begins with it (`reached`; the toy's answers
+are one digit, so this is the first answer's leading digit). Elsewhere, where a prefix proves nothing (gold 1,
+first answer 12), it is not counted.
 
 Excerpts: per evaluated checkpoint (and the student's init, for contrast), up to MAX_EXCERPTS samples of one unit,
 chosen by a fixed rule so a rebuild picks the same ones: of each kind in KINDS that the unit has, the longest sample
@@ -22,8 +23,6 @@ stays visible; `max_line_repeats` counts the most repeated line (a loop's signat
 from __future__ import annotations
 
 from collections import Counter
-
-from lib.eval.extract import first_answer
 
 MAX_EXCERPTS = 3
 HEAD_CHARS, TAIL_CHARS = 160, 160          # a completion longer than their sum (+ the marker) is cut in the middle
@@ -36,15 +35,17 @@ KINDS = (("truncated, answer extracted", lambda r: r["truncated"] and r["extract
 
 def reached(row: dict) -> bool:
     """The sample's first answer begins with its gold answer (spaces ignored): it got to the answer, whatever it wrote
-    after it. Needs the row's `answer` (04_eval writes it)."""
-    first = first_answer(row["completion"])
+    after it."""
+    first = row["first_answer"]
     return first is not None and first.replace(" ", "").startswith(str(row["answer"]).replace(" ", ""))
 
 
 def reached_counts(rows: list[dict], benchmark: str) -> dict:
     """How many samples, and how many truncated samples, reached the gold answer: counted on a toy benchmark whose
-    rows carry their gold answer, else None (see the module docstring)."""
-    if not benchmark.startswith("toy") or not rows or any("answer" not in r for r in rows):
+    rows carry their gold and first answers (units 04_eval wrote before it wrote them do not), else None (see the
+    module docstring)."""
+    if not benchmark.startswith("toy") or not rows or any("first_answer" not in r or "answer" not in r
+                                                           for r in rows):
         return {"n_reached": None, "n_truncated_reached": None}
     return {"n_reached": sum(reached(r) for r in rows),
             "n_truncated_reached": sum(reached(r) for r in rows if r["truncated"])}
