@@ -20,10 +20,10 @@ The default conditions are the stop-token fixes of DESIGN.md §7.6 that campaign
 
 `--eval` then evaluates each run's last checkpoint and the initial student at toy sample4 (04_eval.py, the arm's
 pair) and prints a second table: what the collapsed students keep (the report's §5.3, source §8.3). Beside accuracy,
-truncation and how many truncated samples still extract an answer, it reads each sample's FIRST `Answer:` line: is
-its leading digit the gold answer's (the toy's answers are one digit)? A student that reached its answer and then
-wrote on where it should have stopped (`Answer: 60000+1=1.`: the digits glue onto the answer, so the grader reads
-60000) counts as having reached it; one whose working broke does not.
+truncation and how many truncated samples still extract an answer, it counts, as the report does, the samples whose
+FIRST answer begins with the gold answer (the toy's answers are one digit). A student that reached its answer and then
+wrote on where it should have stopped (`Answer: 60000+1=1.`: the digits glue onto the answer, so the grader reads a
+later line) counts as having reached it; one whose working broke does not.
 
     python bench/collapse_fixes.py --out /tmp/lowlr --seeds 42 1 2 3 4 --conditions "raw:" "low-lr:--lr 5e-4" --eval
 
@@ -41,7 +41,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
-from nostop_probe import ANSWER, collapse_flags, first_digit_right, run  # noqa: E402
+from nostop_probe import collapse_flags, run  # noqa: E402
 
 CONDITIONS = (
     "neutral:--eos-policy neutral",
@@ -65,28 +65,23 @@ def run_row(out: Path, name: str, seed: int) -> dict:
             "sink_reward_token_mean": sum(m["delta_opd/weighted_reward_token_mean"] for m in steps[-5:]) / 5}
 
 
-def eval_row(unit: Path, gold: dict) -> dict:
-    """What one eval unit's samples keep: accuracy, truncation, extraction on the truncated samples, and the first
-    answer line's leading digit right (nostop_probe.first_digit_right)."""
+def eval_row(unit: Path) -> dict:
+    """What one eval unit's samples keep, computed as the report's §5.3 computes it (lib/report/rollouts.py): accuracy,
+    truncation, extraction on the truncated samples, and the samples whose first answer reached the gold one."""
+    from lib.report.campaign import diagnostics
+    from lib.report.rollouts import reached_counts, truncated_extraction
     rows = [json.loads(line) for line in (unit / "samples.jsonl").read_text().splitlines()]
-    trunc = [r for r in rows if r["truncated"]]
-    extracted = [r for r in trunc if r["extracted"] is not None]
-    first_line = [r for r in rows if ANSWER.search(r["completion"])]
-    return {"samples": len(rows), "accuracy_pct": 100.0 * sum(r["correct"] for r in rows) / len(rows),
-            "truncated_pct": 100.0 * len(trunc) / len(rows),
-            "extracted_of_truncated_pct": 100.0 * len(extracted) / len(trunc) if trunc else None,
-            "correct_of_extracted_truncated_pct": (100.0 * sum(r["correct"] for r in extracted) / len(extracted)
-                                                   if extracted else None),
-            "answer_line_pct": 100.0 * len(first_line) / len(rows),
-            "first_digit_right_pct": first_digit_right(unit / "samples.jsonl", gold)}
+    d = diagnostics(rows)
+    t = truncated_extraction(d | reached_counts(rows, "toy"))
+    return {"samples": len(rows), "accuracy_pct": d["accuracy_pct"], "truncated_pct": t["truncation_pct"],
+            "extracted_of_truncated_pct": t["extracted_pct"],
+            "correct_of_extracted_truncated_pct": t["correct_of_extracted_pct"],
+            "reached_pct": t["reached_pct"], "truncated_reached_pct": t["truncated_reached_pct"]}
 
 
 def evaluate(out: Path, names: list[str], jobs: int) -> dict:
     """04_eval at toy sample4 on the initial student and on each run's last checkpoint, `jobs` at a time; the
     alias → eval_row of each."""
-    from lib.toy import builder
-    gold = {json.loads(line)["id"]: int(json.loads(line)["answer"])
-            for line in (builder.build() / "data" / "toy_test.jsonl").read_text().splitlines()}
     models = {"toy-student": "toy-student"}
     for name in names:
         ckpts = sorted((out / "run" / "train" / name).glob("step_*"))
@@ -105,7 +100,7 @@ def evaluate(out: Path, names: list[str], jobs: int) -> dict:
     failed = [alias for alias, q in procs.items() if q.wait() != 0]
     if failed:
         raise SystemExit(f"collapse_fixes: 04_eval of {', '.join(failed)} failed; see {out / 'logs'}/eval-<alias>.log")
-    return {alias: eval_row(out / "run" / "evals" / alias / "toy" / "sample4", gold) for alias in models}
+    return {alias: eval_row(out / "run" / "evals" / alias / "toy" / "sample4") for alias in models}
 
 
 def main():
@@ -160,18 +155,17 @@ def main():
         def pct(v):
             return "—" if v is None else f"{v:.1f}"
         print("\nWhat the students keep (toy sample4; each run's last checkpoint; per-seed values in seed order)\n")
-        print("| condition | accuracy % | truncated % | truncated that extract % | correct of those % | first answer "
-              "line's leading digit right % |")
-        print("|---|---|---|---|---|---|")
+        keys = ("accuracy_pct", "truncated_pct", "extracted_of_truncated_pct", "correct_of_extracted_truncated_pct",
+                "reached_pct", "truncated_reached_pct")
+        print("| condition | accuracy % | truncated % | truncated that extract % | correct of those % | reached % "
+              "| truncated that reached % |")
+        print("|---|---|---|---|---|---|---|")
         init = out["initial_student"]
-        print(f"| initial student | {pct(init['accuracy_pct'])} | {pct(init['truncated_pct'])} | "
-              f"{pct(init['extracted_of_truncated_pct'])} | {pct(init['correct_of_extracted_truncated_pct'])} | "
-              f"{pct(init['first_digit_right_pct'])} |")
+        print("| initial student | " + " | ".join(pct(init[k]) for k in keys) + " |")
         for name, _ in conds:
             es = [r["eval"] for r in rows if r["condition"] == name]
-            print(f"| {name} | " + " | ".join(" / ".join(pct(e[k]) for e in es) for k in (
-                "accuracy_pct", "truncated_pct", "extracted_of_truncated_pct", "correct_of_extracted_truncated_pct",
-                "first_digit_right_pct")) + " |")
+            print(f"| {name} | " + " | ".join(" / ".join(pct(e[k]) for e in es) for k in keys) + " |")
+
 
 if __name__ == "__main__":
     main()
