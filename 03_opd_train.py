@@ -501,11 +501,11 @@ def main(argv=None):
             limits = resolve_micro_batch(args, student, optim, d, bf16)
             auto = args.micro_batch == "auto" and args.max_tokens_per_micro is None
         plan_args = argparse.Namespace(**vars(args) | dict(zip(("micro_batch", "max_tokens_per_micro"), limits)))
-        lim = limits if not auto else (limits[0], balanced_token_budget(seq_lens, limits[1]))
-        plan = equal_plan(seq_lens, *lim, d.device)
-        if (lim := score_limits(plan_args, bf16)) is not None and auto:     # auto: even groups under each budget
-            lim = (lim[0], balanced_token_budget(seq_lens, lim[1]))
-        score_plan = plan if lim is None else equal_plan(seq_lens, *lim, d.device)
+        update_lim = limits if not auto else (limits[0], balanced_token_budget(seq_lens, limits[1]))
+        plan = equal_plan(seq_lens, *update_lim, d.device)
+        if (score_lim := score_limits(plan_args, bf16)) is not None and auto:  # auto: even groups under each budget
+            score_lim = (score_lim[0], balanced_token_budget(seq_lens, score_lim[1]))
+        score_plan = plan if score_lim is None else equal_plan(seq_lens, *score_lim, d.device)
         resp, P = [o.token_ids for o in outs], req_prompts
 
         def packed(idx):
