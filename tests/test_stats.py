@@ -481,6 +481,33 @@ def test_hypothesis_clauses_hold_fail_and_say_what_is_missing():
                     {"pending": True, "pass": False, "reason": "pending: units"})["verdict"] == "undecided"
 
 
+def test_held_clause_needs_every_run_below_the_held_bar():
+    """`held` (what "a fix prevents the collapse" means for the collapse arm): every run's peak clip ratio below 0.1.
+    A run that never crossed the onset (0.5) but ran away to 0.45 passes `no_collapse` and fails `held`; an unfinished
+    run below the bar leaves it open; one already past the bar fails it at once."""
+    from lib.registry import Clause, Hypothesis
+    from lib.report.hypotheses import evaluate
+    cond = [{"id": "c", "name": "fix", "reward": "delta-topk", "settings": {"pair": "toy", "reward": "delta-topk"}}]
+    topk = (("reward", "delta-topk"),)
+
+    def verdicts(*runs):
+        rs = [{"run": f"r{i}", "condition_id": "c", "watch": {"collapse_onset_step": None, "peak_clip_ratio": peak},
+               "status": "finished" if last == 20 else "unfinished", "last_step": last, "steps_planned": 20,
+               "step1_weighted_reward": -0.05} for i, (peak, last) in enumerate(runs)]
+        h = evaluate(Hypothesis("h", "toy", "c", (Clause("no_collapse", topk), Clause("held", topk))), cond, rs, [],
+                     {"pass": True, "reason": ""})
+        return [c["result"] for c in h["clauses"]], h["clauses"][1]["detail"]
+
+    assert verdicts((0.02, 20), (0.05, 20)) == (["holds", "holds"], "2 run(s), peak clip ratio 0.050")
+    assert verdicts((0.02, 20), (0.45, 20)) == (["holds", "fails"], "r1: peak clip ratio 0.450")
+    assert verdicts((0.1, 20),)[0] == ["holds", "fails"]                   # the bar itself is not below it
+    assert verdicts((0.02, 20), (0.05, 12)) == (["undecided", "undecided"], "r1 logged 12 of 20 steps (unfinished)")
+    assert verdicts((0.3, 12),)[0] == ["undecided", "fails"]
+    with pytest.raises(ValueError, match="held clause reads the whole run"):
+        evaluate(Hypothesis("h", "toy", "c", (Clause("held", topk, 10),)), cond,
+                 [{"run": "r", "condition_id": "c", "watch": {"peak_clip_ratio": 0.0}}], [], {})
+
+
 def test_registry_hypotheses_are_well_formed():
     from lib.registry import HYPOTHESES, PAIRS
     from lib.report.hypotheses import clause_text

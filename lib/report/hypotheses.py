@@ -8,7 +8,7 @@ verdicts from the cross-condition summary (one row per condition × benchmark at
 """
 from __future__ import annotations
 
-from lib.train.collapse import CLIP_ONSET
+from lib.train.collapse import CLIP_HELD, CLIP_ONSET
 
 HOLDS, FAILS, UNDECIDED = "holds", "fails", "undecided"
 
@@ -30,6 +30,7 @@ def clause_text(clause) -> str:
     through = f"step {clause.through_step}" if clause.through_step is not None else "the planned last step"
     return {"teacher_gate": "the teacher-gain gate passes",
             "no_collapse": f"no collapse (clip ratio > {CLIP_ONSET}) through {through} in any run of [{sel}]",
+            "held": f"the clip ratio stays below {CLIP_HELD} through the planned last step in every run of [{sel}]",
             "collapse": f"a collapse onset (clip ratio > {CLIP_ONSET}) in every run of [{sel}]",
             "reward_negative": f"the weighted reward mean is negative at step 1 in every run of [{sel}]",
             "gain": f"a pooled gain whose CI excludes 0 (Holm-adjusted) on at least {clause.min_benchmarks} "
@@ -53,6 +54,20 @@ def _no_collapse(clause, runs):
         return UNDECIDED, "; ".join(short)
     peak = max((r["watch"]["peak_clip_ratio"] or 0.0 for r in runs), default=0.0)
     return HOLDS, f"{len(runs)} run(s), peak clip ratio {peak:.3f}"
+
+
+def _held(runs):
+    """Every run's peak clip ratio below CLIP_HELD: a fix that only keeps a run under the onset while its rollouts run
+    away (clip 0.45, length doubled) has delayed the collapse, not prevented it."""
+    peak = {r["run"]: r["watch"]["peak_clip_ratio"] or 0.0 for r in runs}
+    failed = [f"{r['run']}: peak clip ratio {peak[r['run']]:.3f}" for r in runs if peak[r["run"]] >= CLIP_HELD]
+    if failed:
+        return FAILS, "; ".join(failed)
+    short = [f"{r['run']} logged {r['last_step']} of {r['steps_planned'] or '?'} steps ({r['status']})" for r in runs
+             if r["steps_planned"] is None or r["last_step"] < r["steps_planned"]]
+    if short:
+        return UNDECIDED, "; ".join(short)
+    return HOLDS, f"{len(runs)} run(s), peak clip ratio {max(peak.values()):.3f}"
 
 
 def _collapse(runs):
@@ -114,13 +129,18 @@ def evaluate(hypothesis, conditions: list[dict], runs: list[dict], rows: list[di
             res = (UNDECIDED, f"no training run of [{_where_text(clause.where)}] in this campaign")
         elif clause.kind == "no_collapse":
             res = _no_collapse(clause, sel)
+        elif clause.kind == "held":
+            if clause.through_step is not None:
+                raise ValueError(f"hypothesis {hypothesis.name}: a held clause reads the whole run; drop its "
+                                 "through_step")
+            res = _held(sel)
         elif clause.kind == "collapse":
             res = _collapse(sel)
         elif clause.kind == "reward_negative":
             res = _reward_negative(sel)
         else:
             raise ValueError(f"hypothesis {hypothesis.name}: unknown clause kind {clause.kind!r}; use one of "
-                             "teacher_gate, no_collapse, collapse, reward_negative, gain")
+                             "teacher_gate, no_collapse, held, collapse, reward_negative, gain")
         out.append({"clause": k, "kind": clause.kind, "text": clause_text(clause), "result": res[0],
                     "detail": res[1], "conditions": sorted(c["name"] for c in chosen)})
     results = [c["result"] for c in out]

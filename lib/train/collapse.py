@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 CLIP_ONSET, CLIP_SINK = 0.5, 0.9      # collapse onset: clip_ratio > 0.5; sink: clip_ratio > 0.9
+CLIP_HELD = 0.1      # a fix held a run (prevented its collapse, issue 32's bar) if its clip ratio stayed below this
 
 
 @dataclass
