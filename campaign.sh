@@ -142,14 +142,16 @@ if [ "$PAIR" = toy ] && [ "$COLLAPSE_ARM" != 0 ]; then
   # campaign's time; COLLAPSE_ARM=all runs every fix for every seed (24 runs). One run name per condition and seed;
   # 05 pools only runs of identical settings (lib/report/conditions.py). The learning rates are lib/registry.py's
   # TOY_COLLAPSE_LR / TOY_COLLAPSE_LOW_LR (its hypotheses select the conditions by them); the caps are the student
-  # toy-long's (64 response tokens). The raw and low-lr conditions' last checkpoints are evaluated: a collapsed
-  # student's truncated samples, and whether they still hold its answer (source §8.3; at the lower lr they reach it as
-  # often as the initial student, at 2.5e-3 far less: DESIGN.md §10). 20 steps of 16 prompts × 4 at lr 2.5e-3:
-  # on the AMD EPYC's bytes every raw seed of five collapsed (onsets 3-6) and neutral-all held all five; at lr 2e-3
-  # one raw seed of five never reached the onset (bench/collapse_fixes.py; DESIGN.md §10 has the table).
-  COLLAPSE_FLAGS=(--pair toy-collapse --reward delta-topk --steps 20 --batch-prompts 16 --lr 2.5e-3 --save-every 20
+  # toy-long's (64 response tokens). 20 steps of 16 prompts × 4 at lr 5e-4: on the AMD EPYC's bytes every raw seed of
+  # five collapsed (onsets 7-9) and still reached its answer as often as the initial student (source §8.3: a lost stop
+  # token, not a destroyed policy), and neutral and neutral-all each held all five; at lr 2.5e-3 the collapse came
+  # sooner (onsets 3-6) but destroyed the working too (bench/collapse_fixes.py; DESIGN.md §10 has both tables). The
+  # low-lr condition is the source's H5, 5× lower, run twice as long (40 steps: at 20 its runaway has barely begun).
+  # The raw and low-lr conditions' last checkpoints are evaluated: how often the collapsed student's samples, truncated
+  # ones included, still reach its answer (the report's §5.3 "reached %").
+  COLLAPSE_FLAGS=(--pair toy-collapse --reward delta-topk --steps 20 --batch-prompts 16 --lr 5e-4 --save-every 20
                   --micro-batch 32)
-  COLLAPSE_CONDITIONS=(           # name: the flags added to COLLAPSE_FLAGS (a later --lr overrides the first)
+  COLLAPSE_CONDITIONS=(   # name: the flags added to COLLAPSE_FLAGS (a later --lr or --steps overrides the first)
     "raw:"
     "eos-neutral:--eos-policy neutral"
     "eos-neutral-all:--eos-policy neutral-all"
@@ -159,7 +161,7 @@ if [ "$PAIR" = toy ] && [ "$COLLAPSE_ARM" != 0 ]; then
     "center:--reward-center"
     "stop-on-collapse:--stop-on-collapse"
     "kl-max:--kl-mode constant --kl-coef 2.5"
-    "low-lr:--lr 5e-4"
+    "low-lr:--lr 1e-4 --steps 40"
   )
   read -ra FIRST_SEED <<< "$SEEDS"   # the default runs the other fixes for ${FIRST_SEED[0]} only
   OTHER_SEEDS=${FIRST_SEED[0]}

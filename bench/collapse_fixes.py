@@ -13,7 +13,7 @@ The default conditions are the stop-token fixes of DESIGN.md §7.6 that campaign
     neutral-all        --eos-policy neutral-all     and the stop token's own reward 0 wherever it is a candidate
     conditional        --eos-policy conditional     teachers conditioned on going on, the stop probability left alone
     neutral-all+mask   … --truncated-policy mask    and no reward on a response the cap cut
-    neutral+low-lr     --eos-policy neutral --lr 5e-4 (campaign.sh's lr / 5)
+    neutral+low-lr     --eos-policy neutral --lr 1e-4 (campaign.sh's lr / 5)
 
     python bench/collapse_fixes.py --out /tmp/fixes                    # 5 conditions × seeds 42 1 2 3 4, ~20 min
     python bench/collapse_fixes.py --out /tmp/fixes --seeds 42 --conditions "raw:" "neutral:--eos-policy neutral"
@@ -25,7 +25,8 @@ FIRST answer begins with the gold answer (the toy's answers are one digit). A st
 wrote on where it should have stopped (`Answer: 60000+1=1.`: the digits glue onto the answer, so the grader reads a
 later line) counts as having reached it; one whose working broke does not.
 
-    python bench/collapse_fixes.py --out /tmp/lowlr --seeds 42 1 2 3 4 --conditions "raw:" "low-lr:--lr 5e-4" --eval
+    python bench/collapse_fixes.py --out /tmp/lowlr --seeds 42 1 2 3 4 --eval \
+        --conditions "raw:" "low-lr:--lr 1e-4 --steps 40"
 
 A run whose manifest exists is not run again, nor an eval unit that exists evaluated again (the same --out continues
 an interrupted probe). Writes OUT/collapse_fixes.json (one row per run; with --eval each row has its "eval" and the
@@ -43,14 +44,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 from nostop_probe import collapse_flags, run  # noqa: E402
 
+from lib.train.collapse import CLIP_HELD  # noqa: E402  (a condition holds a seed whose peak clip stays below it)
+
 CONDITIONS = (
     "neutral:--eos-policy neutral",
     "neutral-all:--eos-policy neutral-all",
     "conditional:--eos-policy conditional",
     "neutral-all+mask:--eos-policy neutral-all --truncated-policy mask",
-    "neutral+low-lr:--eos-policy neutral --lr 5e-4",
+    "neutral+low-lr:--eos-policy neutral --lr 1e-4",
 )
-HOLDS_BELOW = 0.1          # a condition holds in a seed whose peak clip ratio stays below this (issue 32)
 
 
 def run_row(out: Path, name: str, seed: int) -> dict:
@@ -150,7 +152,7 @@ def main():
         def col(key, fmt):
             return " / ".join("—" if r[key] is None else format(r[key], fmt) for r in rs)
         print(f"| {name} | {col('onset', 'd')} | {col('peak_clip', '.2f')} | {col('last_length', '.1f')} "
-              f"| {sum(r['peak_clip'] < HOLDS_BELOW for r in rs)} of {len(rs)} | {col('sink_reward_token_mean', '+.2f')} |")
+              f"| {sum(r['peak_clip'] < CLIP_HELD for r in rs)} of {len(rs)} | {col('sink_reward_token_mean', '+.2f')} |")
     if a.eval:
         def pct(v):
             return "—" if v is None else f"{v:.1f}"

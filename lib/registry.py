@@ -167,6 +167,8 @@ class Clause:
         teacher_gate      the pair's teacher-gain gate passes
         no_collapse       no run of the selected conditions has clip ratio > 0.5 through `through_step` (None: the
                           runs' planned last step, which every run must have reached)
+        held              every run of the selected conditions kept its clip ratio below 0.1 through its planned
+                          last step (what "a fix prevents the collapse" means here; no through_step)
         collapse          every run of the selected conditions has a collapse onset
         reward_negative   every run's weighted reward mean is negative at step 1 (the source's collapse premise)
         gain              a pooled gain whose CI excludes 0 (Holm-adjusted) on at least `min_benchmarks` benchmarks
@@ -207,7 +209,7 @@ HYPOTHESES = (
 # The collapse arm (pair toy-collapse, DESIGN.md §10): one condition per fix, each a setting of campaign.sh's collapse
 # runs (delta-topk at TOY_COLLAPSE_LR; the low-lr condition at TOY_COLLAPSE_LOW_LR). Each selection names every
 # setting that tells its condition from the others.
-TOY_COLLAPSE_LR, TOY_COLLAPSE_LOW_LR = 2.5e-3, 5e-4
+TOY_COLLAPSE_LR, TOY_COLLAPSE_LOW_LR = 5e-4, 1e-4
 _TOPK_RAW_EOS = (("reward", "delta-topk"), ("stop_on_collapse", False))
 _RAW = _TOPK_RAW_EOS + (("eos_policy", "raw"), ("reward_center", False), ("kl_mode", "adaptive"),
                         ("lr", TOY_COLLAPSE_LR))
@@ -228,19 +230,20 @@ HYPOTHESES += (
                "shift reward negative on the student's own tokens, and Direct-OPD collapses into non-termination",
                (Clause("reward_negative", _RAW), Clause("collapse", _RAW)), "the termination sink (source §5, §17)"),
     Hypothesis("toy-collapse-neutral", "toy-collapse", "a zero reward at the terminal stop token "
-               "(--eos-policy neutral) prevents the collapse", (Clause("no_collapse", _NEUTRAL),),
+               "(--eos-policy neutral) prevents the collapse", (Clause("held", _NEUTRAL),),
                "fix: a termination-aware reward (source §16)"),
     Hypothesis("toy-collapse-neutral-all", "toy-collapse", "a zero reward for the stop token wherever it is a "
                "top-K candidate (--eos-policy neutral-all, ours) prevents the collapse",
-               (Clause("no_collapse", _NEUTRAL_ALL),), "fix: a termination-aware reward (source §16), for top-K"),
+               (Clause("held", _NEUTRAL_ALL),), "fix: a termination-aware reward (source §16), for top-K"),
     Hypothesis("toy-collapse-clamp", "toy-collapse", "a stop-token reward floored at 0 (--eos-policy clamp) prevents "
-               "the collapse", (Clause("no_collapse", _CLAMP),), "fix: a termination-aware reward (source §16)"),
+               "the collapse", (Clause("held", _CLAMP),), "fix: a termination-aware reward (source §16)"),
     Hypothesis("toy-collapse-center", "toy-collapse", "a batch-mean reward shifted to ≥ 0 (--reward-center) prevents "
-               "the collapse", (Clause("no_collapse", _CENTER),),
+               "the collapse", (Clause("held", _CENTER),),
                "fix: a shift whose mean is positive on the student (source §16)"),
     Hypothesis("toy-collapse-kl-max", "toy-collapse", "the KL coefficient pinned at its maximum 2.5 prevents the "
-               "collapse", (Clause("no_collapse", _KL_MAX),), "H3 (source: refuted by condition C)"),
-    Hypothesis("toy-collapse-low-lr", "toy-collapse", "a 5× lower learning rate prevents the collapse",
-               (Clause("no_collapse", _LOW_LR),),
+               "collapse", (Clause("held", _KL_MAX),), "H3 (source: refuted by condition C)"),
+    Hypothesis("toy-collapse-low-lr", "toy-collapse", "a 5× lower learning rate (run twice as long) prevents the "
+               "collapse",
+               (Clause("held", _LOW_LR),),
                "H5's no-collapse clause (source: refuted, B-lowlr collapsed at step 48)"),
 )
