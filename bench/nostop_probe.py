@@ -24,12 +24,17 @@ its answer before it looped?) against the last one, which the grader reads.
     python bench/nostop_probe.py --answer-lines runs/toy             # first / last answer line right, every collapse
                                                                      # eval unit of a campaign (the arm's own π_post)
     python bench/nostop_probe.py --loop-stop --seeds 7               # does π_pre's wish to stop fade as a loop repeats?
+    python bench/nostop_probe.py --sink-where CKPT                   # where a collapsed student's reward is paid
 
 `--loop-stop` takes the student's own samples that stopped right after their answer line, writes that line k more
 times (the loop a collapsed student writes) and reads, at the end of the k-th repeat, p(stop) under π_pre, the
 student and the arm's π_post-nostop, and what π_post-stoprow would pay there for going on, −log(1 − p_pre(stop)):
 does the stop-row sink pay at every line of a loop, or once, where π_pre would have stopped? (DESIGN.md §10 has the
 answer measured on the EPYC's world: once; π_pre's p(stop) falls from ≈ 0.98 to ≈ 0.03 after one repeat.)
+
+`--sink-where CKPT` asks why a collapsed student's reward is positive where the source's read ≈ 0: it scores CKPT's
+own samples (400: two seeds over 200 training prompts, the arm's cap 64) with delta-topk's per-token reward and splits
+it into the working, the token after the first answer, and the run-on, the run-on also by token (sink_where).
 """
 from __future__ import annotations
 
@@ -220,6 +225,69 @@ def loop_stop(seed: int = 7, repeats: int = 8, n_rows: int = 200) -> None:
                   f" | {pay.mean().item():+.3f}, {pay.median().item():+.4f} |")
 
 
+FIRST_ANSWER_DIGIT = re.compile(r"Answer:\s*-?\d")
+
+
+def sink_where(ckpt: Path, seeds=(7, 8), n_rows: int = 200, topk: int = 16) -> dict:
+    """Where a collapsed student's reward is paid: its own samples (T = 1, cap 64, the arm's training caps) on
+    toy_train prompts, scored with delta-topk's per-token reward Σ_k w_k · Δ(x_k) over its top-`topk` candidates
+    (lib/train/opd.py, before any fix), split by where each token sits relative to the first answer's digit (the toy's
+    answers are one digit): the working up to and including that digit; the one token after it, where the initial
+    student stops; and the run-on after that. The stop token is counted in whichever part it falls in."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from lib.train.opd import delta_topk_advantage
+    world = builder.build()
+    tok = AutoTokenizer.from_pretrained(world / "models" / "pre")
+    pre, post = (AutoModelForCausalLM.from_pretrained(world / "models" / m).float().eval()
+                 for m in ("pre", "post-nostop"))
+    student = AutoModelForCausalLM.from_pretrained(ckpt).float().eval()
+    rows = [json.loads(line) for line in (world / "data" / "toy_train.jsonl").read_text().splitlines()][:n_rows]
+    seqs = samples(tok, [(student, s) for s in seeds], rows, 64)
+    parts = {"working": [], "after the answer": [], "run-on": []}
+    stop_in, run_on = {k: 0 for k in parts}, {}          # run_on: the run-on's rewards by what the token is
+    with torch.no_grad():
+        for i in range(0, len(seqs), 50):
+            chunk = seqs[i:i + 50]
+            ids, mask, pred = batch(tok, chunk)
+            lp = {name: torch.log_softmax(m(input_ids=ids, attention_mask=mask).logits.float(), -1)[:, :-1]
+                  for name, m in (("student", student), ("pre", pre), ("post", post))}
+            top_lp, top_ids = lp["student"].topk(topk, -1)
+            r = delta_topk_advantage(top_lp, lp["post"].gather(-1, top_ids), lp["pre"].gather(-1, top_ids)).sum(-1)
+            for b, (p, c) in enumerate(chunk):
+                cut = first_answer_cut(tok, c)
+                for j in range(len(c)):
+                    part = "working" if j < cut else "after the answer" if j == cut else "run-on"
+                    parts[part].append(r[b, len(p) - 1 + j].item())
+                    stop_in[part] += c[j] == tok.eos_token_id
+                    if part == "run-on":
+                        t = "<stop>" if c[j] == tok.eos_token_id else tok.decode([c[j]])
+                        run_on.setdefault("a digit" if t.strip().isdigit() else repr(t), []).append(parts[part][-1])
+    total = sum(sum(v) for v in parts.values())
+    n = sum(map(len, parts.values()))
+    out = {"samples": len(seqs), "tokens": n, "token_mean": total / n}
+    for k, v in parts.items():
+        out[k] = {"tokens": len(v), "stop_tokens": stop_in[k], "mean": sum(v) / len(v) if v else None,
+                  "share_of_token_mean": sum(v) / n}
+    out["run-on by token"] = {k: {"tokens": len(v), "mean": sum(v) / len(v), "share_of_token_mean": sum(v) / n}
+                              for k, v in sorted(run_on.items(), key=lambda kv: -abs(sum(kv[1])))
+                              if abs(sum(v)) / n >= 0.001}
+    return out
+
+
+def first_answer_cut(tok, completion_ids: list[int]) -> int:
+    """How many of a completion's tokens reach through its first answer's first digit (all of them if it has none):
+    the token at that index is the one after the answer, where a student that stops writes its stop token."""
+    text = tok.decode(completion_ids, skip_special_tokens=True)
+    m = FIRST_ANSWER_DIGIT.search(text)
+    if m is None:
+        return len(completion_ids)
+    # the shortest prefix of tokens whose text holds the digit (read from the tokens, not by re-tokenizing the text)
+    return next(j for j in range(1, len(completion_ids) + 1)
+                if len(tok.decode(completion_ids[:j], skip_special_tokens=True)) >= m.end())
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path)
@@ -229,10 +297,15 @@ def main():
     p.add_argument("--row-steps", type=int, default=300)
     p.add_argument("--row-batch", type=int, default=32)
     p.add_argument("--row-lr", type=float, default=1e-2)
+    p.add_argument("--sink-where", type=Path, metavar="CKPT",
+                   help="only print where CKPT's delta-topk reward is paid on its own samples: the working, the token "
+                   "after the first answer, the run-on (see sink_where)")
     p.add_argument("--loop-stop", action="store_true",
                    help="only print p(stop) at the end of each repeat of the answer line (see above), the student's samples "
                    "drawn with the first of --seeds (give one, e.g. --seeds 7)")
     a = p.parse_args()
+    if a.sink_where:
+        return print(json.dumps(sink_where(a.sink_where), indent=1))
     if a.loop_stop:
         return loop_stop(a.seeds[0])
     if a.answer_lines:

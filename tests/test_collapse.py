@@ -127,3 +127,28 @@ def test_step1_reward_is_negative_on_the_collapse_pair_beside_its_stop_token_too
     print(f"step-1 weighted reward: toy-collapse {raw:+.5f}, without the stop token's share {neutral:+.5f}; "
           f"toy {main:+.5f}")
     assert raw < -0.02 and raw < neutral < 0 and main > 0, (raw, neutral, main)
+
+
+def test_sink_probe_splits_a_completion_at_its_first_answer(tok):
+    """bench/nostop_probe.py --sink-where counts a collapsed student's reward in three parts, cut after the FIRST
+    answer's digit: the working, the token after the answer (where a student that stops writes its stop token), the
+    run-on. Hand cases on the toy tokenizer: digits glued onto the answer, a clean stop, no answer line at all."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parent.parent / "bench" / "nostop_probe.py"
+    spec = importlib.util.spec_from_file_location("nostop_probe", path)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+
+    def ids(text):
+        return tok(text, add_special_tokens=False)["input_ids"]
+
+    glued = ids("1-1=0. 0+6=6.\nAnswer: 60000+1=1.\nAnswer: 1")
+    cut = probe.first_answer_cut(tok, glued)
+    assert tok.decode(glued[:cut]).endswith("Answer: 6") and tok.decode(glued[cut:]).startswith("0000+1"), cut
+    clean = ids("3+5=8.\nAnswer: 8") + [tok.eos_token_id]
+    assert probe.first_answer_cut(tok, clean) == len(clean) - 1          # the stop token is the token after
+    twice = ids("2+2=4.\nAnswer: 4\nAnswer: 4")
+    assert tok.decode(twice[:probe.first_answer_cut(tok, twice)]) == "2+2=4.\nAnswer: 4"   # the first, not the last
+    none = ids("2+2=4. 4+1=5.")
+    assert probe.first_answer_cut(tok, none) == len(none)
