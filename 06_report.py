@@ -47,6 +47,7 @@ from lib.registry import PAIRS
 from lib.report import figures
 from lib.report.campaign import earlier_runs, find_runs, find_units, manifest_runs, time_ledger
 from lib.report.stats import format_gain, verdict
+from lib.train.collapse import CLIP_HELD
 
 STATS = ("teacher_gains", "student_gains", "transfer", "cap_sensitivity", "diagnostics", "training", "raft", "pending",
          "gates", "ledger", "conditions", "roster", "rollouts")
@@ -214,12 +215,14 @@ for r in runs:
     if r["status"] == "unfinished":  # killed or still running: counted under Pending
         continue
     w = r["watch"]
-    tldr.append(f"Run `{r['run']}` ({r['steps_logged']} steps): " +
-                (f"termination collapse, onset step {w['collapse_onset_step']} (band {w['collapse_band'][0]}–"
-                 f"{w['collapse_band'][1]})" if w["collapse_onset_step"] is not None else
-                 f"no collapse (peak clip ratio {num(w['peak_clip_ratio'])})") +
-                f"; {REWARD_SHORT.get(r['reward'], 'reward')} mean negative on {r['weighted_reward']['n_negative']} "
-                f"of {r['weighted_reward']['n']} steps.")
+    if w["collapse_onset_step"] is not None:
+        state = (f"termination collapse, onset step {w['collapse_onset_step']} (band {w['collapse_band'][0]}–"
+                 f"{w['collapse_band'][1]})")
+    else:   # a run that ran away without crossing the onset is not one a fix held (the `held` clause, §3.3)
+        state = f"no collapse onset (peak clip ratio {num(w['peak_clip_ratio'])}" + (
+            f", not below the {CLIP_HELD} a held run stays under)" if (w["peak_clip_ratio"] or 0) >= CLIP_HELD else ")")
+    tldr.append(f"Run `{r['run']}` ({r['steps_logged']} steps): {state}; {REWARD_SHORT.get(r['reward'], 'reward')} "
+                f"mean negative on {r['weighted_reward']['n_negative']} of {r['weighted_reward']['n']} steps.")
 if COND["hypotheses"]:
     hyp_pairs = dict.fromkeys(h["pair"] for h in COND["hypotheses"])
     tldr.append("Hypotheses of pair " + ", ".join(f"`{p}`" for p in hyp_pairs)

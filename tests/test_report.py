@@ -74,11 +74,12 @@ def write_unit(run_dir: Path, alias: str, protocol: str, probs, cap: int, tokens
     return d
 
 
-def metric_rows(n_steps=40, onset=25):
-    """Per-step DESIGN.md §7.4 metrics of a run that collapses: clip ratio jumps after `onset`, length runs away."""
+def metric_rows(n_steps=40, onset=25, peak=1.0):
+    """Per-step DESIGN.md §7.4 metrics of a run that collapses: clip ratio jumps after `onset`, length runs away.
+    With `peak` ≤ 0.5 the clip ratio stops there: a run that runs away without crossing the onset."""
     rows = []
     for s in range(1, n_steps + 1):
-        c = 0.0 if s < onset else min(1.0, 0.3 + 0.1 * (s - onset))
+        c = 0.0 if s < onset else min(peak, 0.3 + 0.1 * (s - onset))
         rows.append({"step": s, "response_length/mean": 20 + (s >= onset) * 25 + 0.1 * s,
                      "response_length/clip_ratio": c, "response_length/max": 48, "response_length/min": 5,
                      "delta_opd/weighted_reward_mean": -0.01 + 0.0002 * s, "delta_opd/log_ratio_mean": 0.1,
@@ -93,6 +94,7 @@ RUNS = [("opd", "opd", 42, 42, (0.92, 0.85, 0.3, 0.05), (0.95, 0.9, 0.45, 0.1)),
         ("opd-seed1", "opd", None, 1, (0.9, 0.8, 0.3, 0.05), (0.93, 0.88, 0.4, 0.08)),
         ("opd-seed2", "opd", None, None, (0.9, 0.82, 0.25, 0.05), (0.94, 0.9, 0.5, 0.1)),
         ("delta-topk", "delta-topk", 42, 42, (0.9, 0.8, 0.25, 0.05), (0.85, 0.7, 0.1, 0.0))]
+NO_ONSET_RUN = "opd-seed2"   # its clip ratio climbs to 0.4 and stays: no onset, and not a run a fix held either
 EVALS = {"opd": {20: ("curve8",), 40: ("sample4", "curve8")}, "delta-topk": {20: ("curve8",), 40: ("sample4", "greedy", "curve8")}}
 GATE_NAMES = ("tokenizer", "prompt_length", "context", "template", "anatomy")
 RAFT_FIRST_WALL = 200.0      # 07_raft's first run; a rerun overwrites raft/manifest.json with RAFT_RERUN_WALL
@@ -101,9 +103,11 @@ RAFT_RERUN_WALL = 17.1
 
 def write_run(run_dir: Path, name, reward, seed_summary, seed_args, skill, cap, k):
     t = run_dir / "train" / name
-    atomic_write_jsonl(t / "metrics.jsonl", metric_rows(onset=25 + k))
-    summ = {"pair": "toy", "reward": reward, "student": "toy", "steps": 40, "collapse_onset_step": 28 + k,
-            "length_runaway_step": 25 + k, "longest_clip90_run": 10 - k}
+    quiet = name == NO_ONSET_RUN
+    atomic_write_jsonl(t / "metrics.jsonl", metric_rows(onset=25 + k, peak=0.4 if quiet else 1.0))
+    summ = {"pair": "toy", "reward": reward, "student": "toy", "steps": 40,
+            "collapse_onset_step": None if quiet else 28 + k,
+            "length_runaway_step": 25 + k, "longest_clip90_run": 0 if quiet else 10 - k}
     atomic_write_json(t / "summary.json", summ | ({"seed": seed_summary} if seed_summary is not None else {}))
     for step in (20, 40):
         atomic_write_json(t / f"step_{step:06d}" / "checkpoint.json",
@@ -486,8 +490,12 @@ def check_stats(campaign):
     for k, (name, reward, *_) in enumerate(RUNS):
         w = TRN[name]["watch"]
         assert TRN[name]["reward"] == reward and TRN[name]["seed"] == {"opd-seed1": 1, "opd-seed2": 2}.get(name, 42)
-        assert w["collapse_onset_step"] == 28 + k and w["collapse_band"] == [28 + k, 40]
-        assert w["longest_clip90_span"] == [31 + k, 40] and w["longest_clip90_run"] == 10 - k
+        if name == NO_ONSET_RUN:
+            assert w["collapse_onset_step"] is None and w["collapse_band"] is None and w["longest_clip90_run"] == 0
+            assert w["peak_clip_ratio"] == pytest.approx(0.4)
+        else:
+            assert w["collapse_onset_step"] == 28 + k and w["collapse_band"] == [28 + k, 40]
+            assert w["longest_clip90_span"] == [31 + k, 40] and w["longest_clip90_run"] == 10 - k
         assert TRN[name]["watch_agrees"] and TRN[name]["checkpoints"] == [20, 40]
     P = read_json(S / "pending.json")
     assert [r["run"] for r in P["runs"]] == ["delta-sampled"] and P["runs"][0]["steps_logged"] == 7
@@ -885,6 +893,15 @@ def check_tldr(campaign) -> None:
             assert [int(x) for x in (m[2], m[3], m[4], m[5], m[7], m[8])] == [
                 r["steps_logged"], w["collapse_onset_step"], *w["collapse_band"], wr["n_negative"], wr["n"]]
             assert m[6] == ("OPD reward" if r["reward"] == "opd" else "weighted shift reward")
+        m = re.search(r"Run `(\S+)` \((\d+) steps\): no collapse onset \(peak clip ratio (\S+?)(, not below the 0\.1 a "
+                      r"held run stays under)?\); (.+) mean negative on (\d+) of (\d+) steps\.$", ln)
+        if m:
+            r, seen = TRN[m[1]], seen | {i}
+            w, wr = r["watch"], r["weighted_reward"]
+            assert w["collapse_onset_step"] is None and int(m[2]) == r["steps_logged"]
+            assert close(m[3], w["peak_clip_ratio"]) and bool(m[4]) == (w["peak_clip_ratio"] >= 0.1), ln
+            assert [int(m[6]), int(m[7])] == [wr["n_negative"], wr["n"]]
+    assert any("no collapse onset" in ln and "not below" in ln for ln in tldr)      # the fixture's NO_ONSET_RUN
     hyp = expected_hypotheses(campaign)
     k7 = next(i for i, ln in enumerate(tldr) if "Hypotheses of pair" in ln)
     got = re.findall(r"`(\S+)` \*\*(\w+)\*\*(?: \(clause ([\d, ]+) (fails|undecided)\))?", tldr[k7])
