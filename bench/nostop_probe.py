@@ -183,11 +183,16 @@ def answer_lines(campaign: Path) -> None:
         campaign.glob("evals/toy-student/toy/sample4"))
     if not units:
         raise SystemExit(f"nostop_probe: no collapse-* or toy-student toy/sample4 eval unit under {campaign}/evals")
+    from lib.report.rollouts import reached_counts
     for unit in units:
         first, last = first_and_last_right(unit / "samples.jsonl", gold)
         digit = first_digit_right(unit / "samples.jsonl", gold)
+        # the report's own count (§5.3 "reached %"), where 04 wrote each sample's first answer (units from c7f02ca on)
+        rows = [json.loads(line) for line in (unit / "samples.jsonl").read_text().splitlines()]
+        n = reached_counts(rows, "toy")["n_reached"]
+        report = "" if n is None else f"; reached (the report's count) {100 * n / len(rows):.2f} %"
         print(f"{unit.relative_to(campaign)}: first answer line right {first:.2f} %, last {last:.2f} %; the first "
-              f"line's leading digit right {digit:.2f} %")
+              f"line's leading digit right {digit:.2f} %{report}")
 
 
 def loop_stop(seed: int = 7, repeats: int = 8, n_rows: int = 200) -> None:
