@@ -13,6 +13,11 @@ sampled token, K = 1), J = 1 + K ids a teacher scores per token ([sampled | top-
 At --temperature T ≠ 1 the student and the reference are scored at logits / T, as verl's actor and reference are
 (the teachers at 1); rollout/logprob_gap then compares those with the sampler's raw (T = 1) log-probs.
 
+`--student-scores sampler` (ours, not the method's; DESIGN.md §7.1) skips the student's scoring forward: its top-K
+candidates, their log-probs, the sampled token's log-prob and the entropy come from the logits the built-in sampler
+drew each token from, and the PPO ratio's denominator is the update's own forward, detached (verl's on-policy case:
+one update per batch, so the ratio is exactly 1 as it is under recompute).
+
 Reads:  the pair's models and training prompts (lib/registry.py); a rerun reads train/<run>/resume/ (or resume.old/).
 Writes: <run-dir>/train/<run>/metrics.jsonl   one JSON object per step (DESIGN.md §7.4 names)
                              /summary.json    the collapse watch (DESIGN.md §7.5) and the run's settings
@@ -156,6 +161,10 @@ def parse_args(argv=None):
     a("--sampler-kv-margin", type=nonnegative_float, default=None,
       help="GiB the built-in sampler's KV cache leaves free when it is sized (default: computed, see "
            "lib/train/step_phases.sampler_reserve)")
+    a("--student-scores", default="recompute", choices=["recompute", "sampler"],
+      help="the student's pre-update scores of its rollouts (top-K candidates, log-probs, entropy): recompute (the "
+           "method's: a scoring forward) or sampler (ours: from the built-in sampler's own logits, one forward of the "
+           "student fewer a step; --backend hf only; DESIGN.md §7.1)")
     a("--sampler-sleep", action="store_true",
       help="the built-in sampler (--backend hf) frees its KV cache and CUDA graphs after each generation and rebuilds "
            "them for the next (as colocated vLLM sleeps): the trainer gets that memory for scoring and the update")
@@ -163,6 +172,9 @@ def parse_args(argv=None):
     if args.eos_policy == "conditional" and args.reward == "opd":
         p.error("--eos-policy conditional conditions π_post and π_pre on going on: use it with delta-topk or "
                 "delta-sampled, not opd")
+    if args.student_scores == "sampler" and args.backend != "hf":
+        p.error("--student-scores sampler takes the scores from the built-in sampler's logits: use it with --backend "
+                "hf (vLLM returns no entropy, and its top-K log-probs only as Python objects per token)")
     cuda = torch.cuda.is_available()                     # both recorded as what ran: on or off
     args.compile, args.packing = resolve_auto(args.compile, cuda), resolve_auto(args.packing, cuda, "--packing")
     return args
@@ -218,9 +230,11 @@ def make_engine(args, student_path, tokenizer, d, bf16, kv_reserve=None):
     # GPU rollouts draw in lib/sample/draw.py's fast mode, all of a rank's rollouts at once where the memory the
     # trainer leaves holds them (kv_reserve: step_phases.sampler_reserve); CPU runs keep the exact Gumbel-max draws
     # of the eval units
+    # --student-scores sampler: the decoder also records the student's scores of every token it draws
+    k = (args.topk if args.reward == "delta-topk" else 0) if args.student_scores == "sampler" else None
     return HFEngine(sampler_lm.to(d.device).eval(), tokenizer,
                     batch_size=args.sampler_slots or sampler_slots(args, d.world, bf16), kv_reserve=kv_reserve,
-                    mode="fast" if bf16 else "exact")
+                    mode="fast" if bf16 else "exact", decoder_options={"candidates": k} if k is not None else None)
 
 
 # --- one micro-batch of the loop (steps 2 and 4), functions so that tests run exactly this code ---
@@ -228,10 +242,17 @@ def make_engine(args, student_path, tokenizer, d, bf16, kv_reserve=None):
 def score_micro_batch(student, teachers, ref, batch, K, completions, stop_t=None):
     """Step 2, no grad: the student's own log-probs ("old": before this step's update), its top-K candidates when
     K > 0, and each teacher's log-probs (and entropy) at [sampled | top-K]; the reference's at the sampled tokens.
-    stop_t (the stop ids, for --eos-policy conditional): each teacher's log p(stop) at every position too."""
+    stop_t (the stop ids, for --eos-policy conditional): each teacher's log p(stop) at every position too.
+    Completions that carry the sampler's scores (`--student-scores sampler`) give the student's part without a
+    forward: their rows, concatenated, are the packed batch's response tokens in order."""
     dev = batch.targets_N.device
     with torch.no_grad():
-        lp_N, topk_ids_NK, topk_lp_NK, ent_N = student(batch, None, topk=K)
+        if completions and completions[0].student is not None:
+            lp_N, topk_ids_NK, topk_lp_NK, ent_N = (torch.cat([getattr(o.student, f) for o in completions]).to(dev)
+                                                    for f in ("logprobs", "topk_ids", "topk_logprobs", "entropy"))
+            topk_ids_NK, topk_lp_NK = topk_ids_NK[:, :K], topk_lp_NK[:, :K]
+        else:
+            lp_N, topk_ids_NK, topk_lp_NK, ent_N = student(batch, None, topk=K)
         ids_NJ = torch.cat([batch.targets_N[:, None], topk_ids_NK], 1)
         n_stop = 0 if stop_t is None else len(stop_t)       # the stop ids ride along as the last columns
         if n_stop:
@@ -255,13 +276,20 @@ def score_micro_batch(student, teachers, ref, batch, K, completions, stop_t=None
                 is_trunc_N=to_device(is_trunc_N, dev), sampler_N=to_device(torch.tensor(sampler), dev))
 
 
-def micro_batch_loss(student, mb, kl_coef, n_tokens, clip_eps):
+def micro_batch_loss(student, mb, kl_coef, n_tokens, clip_eps, old_from_update=False):
     """Step 4 for one micro-batch: the student re-scores its rollouts WITH grad at the candidates step 2 stored (the
     stored top-K ids, never re-selected), then opd.update_loss. Returns opd.update_loss's (loss, pg_N, clipped_NK,
-    neg_log_ratio_NK, kl_N)."""
+    neg_log_ratio_NK, kl_N). old_from_update (`--student-scores sampler`): PPO's old log-probs are this forward's
+    own, detached (the one update of a step starts from the weights that drew the rollouts), and the forward's
+    log-probs are kept in mb as "update_N" / "update_topk" for rollout/logprob_gap and candidate_logprob_gap."""
     lp_N, _, topk_lp_NK, _ = student(mb["batch"], None, topk_ids_NK=mb["topk_ids"])
     on_topk = mb["topk_ids"].shape[1] > 0                          # delta-topk: the advantage is on the K candidates
-    lp_NK, old_NK = (topk_lp_NK, mb["old_topk"]) if on_topk else (lp_N[:, None], mb["old_N"][:, None])
+    if old_from_update:
+        mb["update_N"], mb["update_topk"] = lp_N.detach(), topk_lp_NK.detach()
+        lp_NK = topk_lp_NK if on_topk else lp_N[:, None]
+        old_NK = lp_NK.detach()
+    else:
+        lp_NK, old_NK = (topk_lp_NK, mb["old_topk"]) if on_topk else (lp_N[:, None], mb["old_N"][:, None])
     return opd.update_loss(lp_NK, old_NK, mb["adv"], lp_N, mb["ref_N"], kl_coef, n_tokens, clip_eps)
 
 
@@ -278,7 +306,9 @@ def step_metrics(step, args, d, clock, *, mbs, outs, prompts, upd, n_tok, reward
     dl = torch.cat([mb["delta_N"] for mb in mbs])                 # the sampled token's log-ratio (ours)
     lens = [len(o.token_ids) for o in outs]
     two_teachers = args.reward != "opd"                           # π_post and π_pre (opd: one teacher)
-    gap_sum, gap_tokens = sampler_gap([mb["sampler_N"] for mb in mbs], [mb["old_N"] for mb in mbs])
+    sampler_scores = args.student_scores == "sampler"             # then the trainer's own numbers are the update's
+    gap_sum, gap_tokens = sampler_gap([mb["sampler_N"] for mb in mbs],
+                                      [mb["update_N" if sampler_scores else "old_N"] for mb in mbs])
     local = {"pairs": pairs.numel(),
              "pair": pairs.sum(),
              "pair_sq": (pairs ** 2).sum(),
@@ -297,6 +327,9 @@ def step_metrics(step, args, d, clock, *, mbs, outs, prompts, upd, n_tok, reward
              **upd,
              "logprob_gap": gap_sum,
              "gap_tokens": gap_tokens,
+             # --student-scores sampler: Σ |sampler − update| over the (token, candidate) pairs, and their count
+             "cand_gap": sum((mb["old_topk"] - mb["update_topk"]).abs().sum() for mb in mbs) if sampler_scores else 0,
+             "cand_pairs": sum(mb["update_topk"].numel() for mb in mbs) if sampler_scores else 0,
              "prompt_tokens": sum(len(p) for p in prompts)}
     s = dict(zip(local, D.all_sum(*(float(v) for v in local.values()), device=d.device)))
     mx = dict(zip(["len_max", "len_neg_min", "pair_max", "pair_neg_min"],
@@ -335,6 +368,9 @@ def step_metrics(step, args, d, clock, *, mbs, outs, prompts, upd, n_tok, reward
             "teacher_ref/entropy": s["ref_entropy"] / n_tok if two_teachers else None,
             "teacher/entropy_minus_ref": (s["teacher_entropy"] - s["ref_entropy"]) / n_tok if two_teachers else None,
             "rollout/logprob_gap": s["logprob_gap"] / max(s["gap_tokens"], 1),   # tokens with a sampler log-prob
+            # ours, --student-scores sampler only: the sampler's top-K log-probs (at T) against the update forward's
+            **({"rollout/candidate_logprob_gap": s["cand_gap"] / s["cand_pairs"] if s["cand_pairs"] else None}
+               if sampler_scores else {}),
             **{f"timing_s/{k}": v for k, v in ts.items()},
             "timing_s/step": dt,
             "perf/tokens": all_tokens,
@@ -550,8 +586,8 @@ def main(argv=None):
         upd = dict(pg=0.0, kl=0.0, clipped=0.0, neg_log_ratio=0.0)
         for mb in D.micro_batches(student, mbs):
             # FSDP averages gradients over W ranks: dividing by n_tok / W turns that back into the global token-mean
-            loss, pg_N, clipped_NK, neg_log_ratio_NK, kl_N = micro_batch_loss(student, mb, kl.coef, n_tok / W,
-                                                                              args.clip_eps)
+            loss, pg_N, clipped_NK, neg_log_ratio_NK, kl_N = micro_batch_loss(
+                student, mb, kl.coef, n_tok / W, args.clip_eps, old_from_update=args.student_scores == "sampler")
             loss.backward()
             # on device: no host sync per micro-batch
             for k, v in zip(upd, (pg_N, kl_N, clipped_NK, neg_log_ratio_NK)):

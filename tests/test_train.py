@@ -214,3 +214,24 @@ def test_micro_batch_auto_is_the_old_default_on_cpu(world, tmp_path):
     assert a[0]["perf/micro_batch_sizes"] == b[0]["perf/micro_batch_sizes"] == [8, 8]
     assert_same_metrics(a, b, rel=0, count_abs=0)
     assert_same_weights(tmp_path / "default/train/opd/step_000001", tmp_path / "auto/train/opd/step_000001", 0.0)
+
+
+def test_sampler_scores_train_as_the_recomputed_scores(world, tmp_path):
+    """`--student-scores sampler` (the student's pre-update scores from the sampler's logits, PPO's old log-probs from
+    the update's own forward) trains as the default recompute does on CPU, where both compute in fp32: the same
+    metrics and weights after 3 steps. Its candidate log-probs differ from the update's by float rounding only; the
+    vLLM backend is refused by name."""
+    common = [*SMALL, "--reward=delta-topk", "--steps=3", "--save-every=3"]
+    train(*common, f"--run-dir={tmp_path / 'recompute'}")
+    train(*common, f"--run-dir={tmp_path / 'sampler'}", "--student-scores=sampler")
+    a, b = (metrics(tmp_path / r / "train/delta-topk") for r in ("recompute", "sampler"))
+    assert all(r["rollout/candidate_logprob_gap"] < 1e-5 for r in b)
+    assert all(r["actor/ppo_kl"] == 0 and r["actor/pg_clipfrac"] == 0 for r in b)        # ratio exactly 1
+    assert "rollout/candidate_logprob_gap" not in a[0]
+    assert_same_metrics([{k: v for k, v in r.items() if k != "rollout/logprob_gap"} for r in a], b, rel=1e-4,
+                        count_abs=2e-3)
+    assert all(r["rollout/logprob_gap"] < 1e-5 for r in a + b)
+    assert_same_weights(tmp_path / "recompute/train/delta-topk/step_000003",
+                        tmp_path / "sampler/train/delta-topk/step_000003", 1e-5)
+    r = train(*SMALL, "--student-scores=sampler", "--backend=vllm", f"--run-dir={tmp_path}", check=False)
+    assert r.returncode != 0 and "--student-scores sampler" in r.stderr and "--backend hf" in r.stderr

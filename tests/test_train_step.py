@@ -419,3 +419,64 @@ def test_an_oom_beside_a_resident_vllm_engine_names_its_share_and_the_fixes(monk
     assert "drop --no-vllm-sleep" in msg and "lower --gpu-memory-utilization" in msg
     assert "Tried to allocate 2.00 GiB" in msg
     assert caught.value.__cause__ is oom
+
+
+# --- --student-scores sampler: the student's pre-update scores from the sampler's own logits ---
+
+def sampled_with_scores(world, temperature, k=K):
+    """The world's four prompts sampled again by a decoder that records the student's scores (candidates = k)."""
+    eng = HFEngine(copy.deepcopy(world["lms"]["student"]), world["tok"], batch_size=8,
+                   decoder_options={"candidates": k})
+    return sample(eng, world["prompts"], list(range(4)), temperature=temperature, top_p=1.0, max_new_tokens=24,
+                  progress=False)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_sampler_scores_equal_a_plain_forward_at_the_temperature(world, temperature):
+    """The decoder's recorded scores, per drawn token, against log_softmax(logits / T) of a plain HF forward over
+    the finished sequences: the drawn token's log-prob, torch.topk's K ids, their log-probs and the entropy. At
+    T = 1 recording changes no draw (the world's rollouts, sampled without it, come back to the bit)."""
+    outs = sampled_with_scores(world, temperature)
+    batch = pack(world["prompts"], [o.token_ids for o in outs], world["tok"].pad_token_id)
+    with torch.no_grad():
+        want_V = hf_logprobs(world["lms"]["student"], batch, temperature)
+    got = {f: torch.cat([getattr(o.student, f) for o in outs]) for f in
+           ("logprobs", "topk_ids", "topk_logprobs", "entropy")}
+    assert got["topk_ids"].shape == (len(batch.targets_N), K)
+    assert torch.equal(got["topk_ids"], want_V.topk(K, -1).indices)
+    torch.testing.assert_close(got["logprobs"], want_V.gather(1, batch.targets_N[:, None])[:, 0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(got["topk_logprobs"], want_V.gather(1, got["topk_ids"]), atol=1e-5, rtol=0)
+    torch.testing.assert_close(got["entropy"], -(want_V.exp() * want_V).sum(-1), atol=1e-5, rtol=0)
+    if temperature == 1.0:
+        assert [o.token_ids for o in outs] == [o.token_ids for o in world["outs"]]
+        assert [o.logprobs for o in outs] == [o.logprobs for o in world["outs"]]
+        assert [o.finish_reason for o in outs] == [o.finish_reason for o in world["outs"]]
+
+
+@pytest.mark.parametrize("reward", opd.REWARDS)
+def test_a_sampler_scored_micro_batch_has_the_plain_hf_gradient(world, reward):
+    """Step 2 without the student's forward (its scores from the sampler) and step 4 with PPO's old log-probs from
+    the update's own forward: the loss and gradient of plain HF, as the recomputing path has (the test above)."""
+    m03 = world["m03"]
+    outs = sampled_with_scores(world, 1.0, K if reward == "delta-topk" else 0)
+    student = TokenScorer(copy.deepcopy(world["lms"]["student"]))
+    calls = []
+    student.register_forward_pre_hook(lambda *a: calls.append(1))
+    lms = world["lms"]
+    teachers = ({"teacher": TokenScorer(lms["post"])} if reward == "opd"
+                else {"pi_post": TokenScorer(lms["post"]), "pi_pre": TokenScorer(lms["pre"])})
+    mb = m03.score_micro_batch(student, teachers, TokenScorer(lms["pre"]), world["batch"],
+                               K if reward == "delta-topk" else 0, outs)
+    assert not calls                                              # no forward of the student in step 2
+    mb["adv"], _ = opd.advantages(reward, mb["lp_t"], mb["old_N"], mb["old_topk"])
+    loss, pg_N, clipped_NK, neg_log_ratio_NK, _ = m03.micro_batch_loss(
+        student, mb, 0.7, len(world["batch"].targets_N), clip_eps=0.2, old_from_update=True)
+    loss.backward()
+    assert len(calls) == 1 and not clipped_NK.any() and not neg_log_ratio_NK.any()     # ratio exactly 1
+    torch.testing.assert_close(mb["update_N"], mb["old_N"], atol=1e-5, rtol=0)        # sampler = trainer (fp32)
+    torch.testing.assert_close(mb["update_topk"], mb["old_topk"], atol=1e-5, rtol=0)
+    lm = copy.deepcopy(lms["student"])
+    want = reference_loss(reward, lm, lms, world["batch"], 0.7)
+    want.backward()
+    assert loss.item() == pytest.approx(want.item(), rel=1e-5, abs=1e-6)
+    assert_grads_close({n: p.grad for n, p in student.lm.named_parameters()}, lm)

@@ -11,6 +11,22 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
+
+@dataclass
+class StudentScores:
+    """The sampler's own scores of a completion's tokens, from the logits it drew them from (lib/sample/draw.
+    student_scores, at the scorer's temperature): what 03's scoring pass would otherwise compute by forwarding the
+    student again (`--student-scores sampler`). Tensors on the sampler's device, one row per generated token."""
+    logprobs: torch.Tensor        # (n,) fp32: log p(token) at logits / T
+    topk_ids: torch.Tensor        # (n, k) int64: the k most likely ids at each position
+    topk_logprobs: torch.Tensor   # (n, k) fp32: their log-probs at logits / T
+    entropy: torch.Tensor         # (n,) fp32
+
+    def cut(self, n: int) -> "StudentScores":
+        return StudentScores(self.logprobs[:n], self.topk_ids[:n], self.topk_logprobs[:n], self.entropy[:n])
+
 
 @dataclass
 class Completion:
@@ -19,6 +35,8 @@ class Completion:
     logprobs: list[float] | None  # log p(token) under the RAW distribution (log_softmax of unscaled logits), per
     #                               token id; None where the engine was not asked for them (VLLMEngine.logprob_every)
     finish_reason: str        # "stop" | "length"
+    student: StudentScores | None = None  # the built-in sampler's scores of these tokens, when asked for (03's
+    #                                       --student-scores sampler); None otherwise
 
 
 def stop_ids(tokenizer, model_path_or_config) -> list[int]:
@@ -45,12 +63,14 @@ def stop_ids(tokenizer, model_path_or_config) -> list[int]:
 
 
 def make_completion(ids: list[int], logprobs: list[float] | None, stop: set[int], tokenizer,
-                    max_new_tokens: int) -> Completion:
+                    max_new_tokens: int, student: StudentScores | None = None) -> Completion:
     """Cut a generated row after its first stop id (the rest is padding); "length" iff no stop id within the cap."""
     cut = next((i for i, t in enumerate(ids) if t in stop), None)
     if cut is None:
         if len(ids) != max_new_tokens:
             raise RuntimeError(f"a completion ended after {len(ids)} of {max_new_tokens} tokens without a stop id")
-        return Completion(ids, tokenizer.decode(ids, skip_special_tokens=True), logprobs, "length")
+        return Completion(ids, tokenizer.decode(ids, skip_special_tokens=True), logprobs, "length",
+                          None if student is None else student.cut(len(ids)))
     ids, logprobs = ids[:cut + 1], None if logprobs is None else logprobs[:cut + 1]
-    return Completion(ids, tokenizer.decode(ids[:-1], skip_special_tokens=True), logprobs, "stop")
+    return Completion(ids, tokenizer.decode(ids[:-1], skip_special_tokens=True), logprobs, "stop",
+                      None if student is None else student.cut(len(ids)))

@@ -46,7 +46,8 @@ import torch
 import torch.nn.functional as F
 
 from lib.sample.decode_step import V1_PIECES, FusedWeights, _rope, make_blocks
-from lib.sample.draw import draw_tokens, split_seeds
+from lib.sample.completion import StudentScores
+from lib.sample.draw import draw_tokens, split_seeds, student_scores
 
 SUPPORTED = ("qwen2", "llama", "qwen3")
 
@@ -96,7 +97,8 @@ class Decoder:
                  fuse: bool | None = None, fuse_gemms: bool | None = None, compile_step: bool | str | None = None,
                  attn_opts: dict | None = None, draw_blocked: bool | None = None,
                  compile_draw: bool | str | None = None, gemm_opts: dict | None = None, share_prefill: bool = True,
-                 packed_prefill: bool | None = None, fast_prefill: bool | None = None):
+                 packed_prefill: bool | None = None, fast_prefill: bool | None = None,
+                 candidates: int | None = None):
         cfg = model.config
         if not runs(model):
             raise TypeError(f"lib.sample.decode runs full-attention {SUPPORTED} decoders; {type(model).__name__} "
@@ -163,6 +165,18 @@ class Decoder:
         self.out_lp_SN = torch.zeros(slots, max_new_tokens, device=self.device, dtype=torch.float32)
         self.temp, self.top_p = (torch.ones((), device=self.device) for _ in range(2))
         self.graphs, self.pool, self.ptrs = {}, None, None
+        # candidates = k (03's --student-scores sampler): every drawn token also records, from the logits it was
+        # drawn from, its log-prob at logits / T, the k most likely ids with theirs, and the entropy
+        # (lib/sample/draw.student_scores), returned with the row as a StudentScores; None: not recorded
+        self.cand_k = candidates
+        if candidates is not None:
+            f32 = dict(device=self.device, dtype=torch.float32)
+            self.out_slp_SN, self.out_ent_SN = torch.zeros(slots, max_new_tokens, **f32), torch.zeros(
+                slots, max_new_tokens, **f32)
+            self.out_cid_SNk = torch.zeros(slots, max_new_tokens, candidates, **i64)
+            self.out_clp_SNk = torch.zeros(slots, max_new_tokens, candidates, **f32)
+            self.scores_c = torch.compile(student_scores, dynamic=False, fullgraph=True, **(
+                {"backend": c} if isinstance(c, str) else {})) if c else student_scores
 
     # --- the forward passes (the model's modules, our attention) ---
 
@@ -325,11 +339,23 @@ class Decoder:
     def _step(self, kv_len: int):
         fwd = self._forward_decode_v2 if self.v2 else self._forward_decode
         fn = draw_tokens if self.mode == "exact" else self.draw_c         # exact: eager, the documented ops
-        tok_S, lp_S = self._draw(fwd(kv_len), self.lo_S, self.hi_S, self.step_S, trim=False, fn=fn)
+        logits = fwd(kv_len)
+        tok_S, lp_S = self._draw(logits, self.lo_S, self.hi_S, self.step_S, trim=False, fn=fn)
         live_S = ~self.done_S
         col = self.step_S.clamp(max=self.N - 1)[:, None]
-        self.out_tok_SN.scatter_(1, col, torch.where(live_S[:, None], tok_S[:, None], self.out_tok_SN.gather(1, col)))
-        self.out_lp_SN.scatter_(1, col, torch.where(live_S[:, None], lp_S[:, None], self.out_lp_SN.gather(1, col)))
+
+        def put(out_SN, new_S):         # the step's value into each live slot's column (a finished slot keeps its own)
+            c = col.view(-1, 1, *[1] * (out_SN.dim() - 2)).expand(-1, 1, *out_SN.shape[2:])
+            new = new_S[:, None]
+            out_SN.scatter_(1, c, torch.where(live_S.view(-1, *[1] * (new.dim() - 1)), new, out_SN.gather(1, c)))
+
+        put(self.out_tok_SN, tok_S)
+        put(self.out_lp_SN, lp_S)
+        if self.cand_k is not None:
+            slp_S, cid_Sk, clp_Sk, ent_S = self.scores_c(logits, tok_S, self.temp, self.cand_k)
+            for out, new in ((self.out_slp_SN, slp_S), (self.out_cid_SNk, cid_Sk), (self.out_clp_SNk, clp_Sk),
+                             (self.out_ent_SN, ent_S)):
+                put(out, new)
         stopped_S = (tok_S[:, None] == self.stop_t).any(-1)
         self.step_S += live_S
         self.done_S |= live_S & (stopped_S | (self.step_S >= self.N))
@@ -342,6 +368,8 @@ class Decoder:
         key = (kv_len, self.greedy, self.use_top_p, self.mode)
         if key not in self.graphs:      # capture; the warm-up step runs on live state, so it is undone after
             state = [self.tok_S, self.pos_S, self.step_S, self.done_S, self.out_tok_SN, self.out_lp_SN]
+            if self.cand_k is not None:
+                state += [self.out_slp_SN, self.out_cid_SNk, self.out_clp_SNk, self.out_ent_SN]
             saved = [t.clone() for t in state]
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
@@ -398,13 +426,17 @@ class Decoder:
             self.pos_S[slot_t] = lens.index_select(0, rows_b)             # the next write position: the prompt's length
             self.step_S[slot_t] = 1
             self.out_tok_SN[slot_t, 0], self.out_lp_SN[slot_t, 0] = tok, lp
+            if self.cand_k is not None:
+                (self.out_slp_SN[slot_t, 0], self.out_cid_SNk[slot_t, 0], self.out_clp_SNk[slot_t, 0],
+                 self.out_ent_SN[slot_t, 0]) = student_scores(logits, tok, self.temp, self.cand_k)
             self.done_S[slot_t] = (tok[:, None] == self.stop_t).any(-1) | (self.N == 1)
 
     @torch.no_grad()
     def run(self, prompts: list[list[int]], seeds: list[int], *, temperature: float, top_p: float,
-            on_done=None) -> list[tuple[list[int], list[float]]]:
-        """Per request (generated ids, raw log-probs), cut at its first stop id or at max_new_tokens; in input order.
-        `on_done(n)` is called as requests finish (a progress bar)."""
+            on_done=None) -> list[tuple]:
+        """Per request (generated ids, raw log-probs), cut at its first stop id or at max_new_tokens; in input order;
+        with `candidates`, (ids, log-probs, StudentScores on the device). `on_done(n)` is called as requests finish
+        (a progress bar)."""
         if max(map(len, prompts)) + self.N > self.T:
             raise ValueError(f"a prompt of {max(map(len, prompts))} tokens + {self.N} new exceeds the decoder's "
                              f"cache of {self.T} positions; build it with a larger max_len")
@@ -451,8 +483,11 @@ class Decoder:
             if fin:
                 idx = torch.tensor(fin, device=self.device)
                 toks, lps, n = self.out_tok_SN[idx].tolist(), self.out_lp_SN[idx].tolist(), self.step_S[idx].tolist()
-                for s, t, lp, m in zip(fin, toks, lps, n):
-                    out[held.pop(s)] = (t[:m], lp[:m])
+                if self.cand_k is not None:                         # copies: the buffers are the next requests'
+                    sc = [t[idx] for t in (self.out_slp_SN, self.out_cid_SNk, self.out_clp_SNk, self.out_ent_SN)]
+                for j, (s, t, lp, m) in enumerate(zip(fin, toks, lps, n)):
+                    out[held.pop(s)] = (t[:m], lp[:m]) if self.cand_k is None else (
+                        t[:m], lp[:m], StudentScores(*(x[j, :m] for x in sc)))
                 free += fin
                 if on_done:
                     on_done(len(fin))

@@ -155,6 +155,10 @@ class HFEngine:
                                    stop_ids=self.stop, mode=self.mode, cuda_graphs=self.cuda_graphs,
                                    **self.decoder_options)
         else:
+            if self.decoder_options.get("candidates") is not None:
+                raise ValueError(f"the built-in decoder does not run {type(self.model).__name__} (model_type "
+                                 f"{self.model.config.model_type!r}), and only it records the student's scores: "
+                                 "drop --student-scores sampler (scores are then recomputed)")
             if self.decoder_key is None:                                       # said once per engine
                 print(f"[sampler] the built-in decoder does not run {type(self.model).__name__} (model_type "
                       f"{self.model.config.model_type!r}): falling back to transformers' generate, one request at "
@@ -174,7 +178,7 @@ class HFEngine:
             rows = dec.run(prompts, seeds, temperature=temperature, top_p=top_p, on_done=bar.update)
         bar.close()
         stop = set(self.stop)
-        return [make_completion(ids, lps, stop, self.tokenizer, max_new_tokens) for ids, lps in rows]
+        return [make_completion(row[0], row[1], stop, self.tokenizer, max_new_tokens, *row[2:]) for row in rows]
 
 
 # --- one entry point ---
