@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from lib.sample.completion import stop_ids
-from lib.sample.draw import draw_tokens, gumbel_noise, mix32, nucleus, split_seeds
+from lib.sample.draw import draw_tokens, gumbel_noise, mix32, nucleus, split_seeds, topk_two_stage
 from lib.sample.engine import HFEngine, load_engine, sample
 
 MAX_NEW = 12
@@ -163,6 +163,19 @@ def test_nucleus_keeps_exactly_the_reference_set():
     for b in range(8):
         ref = {i for i, p in enumerate(reference_probs(z[b].tolist(), 1.0, 0.9)) if p > 0}
         assert {int(i) for i, v in zip(idx[b], zk[b]) if v > float("-inf")} == ref
+
+
+@pytest.mark.parametrize("B,V,k,chunk", [(3, 5000, 16, 1024), (2, 1030, 16, 1024), (5, 2049, 4, 1024),
+                                         (4, 100, 16, 1024), (3, 3000, 8, 7), (2, 4096, 16, 1024)])
+def test_two_stage_topk_is_torch_topk(B, V, k, chunk):
+    """draw.topk_two_stage (the sampler's top-K for --student-scores sampler) returns torch.topk's values and ids on
+    rows that are not a whole number of chunks, on chunks smaller than k, and on rows shorter than one chunk; with the
+    row's largest entry placed in the last, padded chunk, and a row of negative entries only."""
+    z = torch.randn(B, V, generator=torch.Generator().manual_seed(V)) * 3
+    z[0, -1] = 100.0
+    z[1] = -z[1].abs() - 1                         # every entry below the padding a careless pad would add (0)
+    got, want = topk_two_stage(z, k, chunk), torch.topk(z, k, dim=-1)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
 @pytest.mark.parametrize("mode", ["exact", "fast"])

@@ -26,6 +26,7 @@ The hash is 32-bit integer mixing in int64 tensors with every product < 2^59 (no
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 M32 = 0xFFFFFFFF
 MODES = ("exact", "fast")
@@ -135,13 +136,29 @@ def draw_tokens(logits_BV: torch.Tensor, seed_lo_B, seed_hi_B, step, temperature
     return tok_B, logp_B
 
 
-def student_scores(logits_BV: torch.Tensor, tok_B: torch.Tensor, temperature, k: int):
+def topk_two_stage(z_BV: torch.Tensor, k: int, chunk: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch.topk(z_BV, k) in two stages: each chunk of `chunk` columns its own top-k (the row padded with −inf to a
+    whole number of chunks), then the top-k of those. Exact: an entry among a row's k largest is among its chunk's.
+    On CUDA one (256, 151,936) topk is a slice per thread block scanning 152k entries; (256 · 149) slices of 1,024
+    spread over the whole GPU (bench/student_scores.py measures both). Values sorted descending, as torch.topk's."""
+    B, V = z_BV.shape
+    if V <= chunk or k == 0:
+        return torch.topk(z_BV, k, dim=-1)
+    n = -(-V // chunk)
+    z_Bnc = F.pad(z_BV, (0, n * chunk - V), value=float("-inf")).view(B, n, chunk)
+    v_Bnk, i_Bnk = torch.topk(z_Bnc, min(k, chunk), dim=-1)
+    i_Bnk = i_Bnk + torch.arange(0, n * chunk, chunk, device=z_BV.device)[None, :, None]   # column ids in the row
+    v_Bk, j_Bk = torch.topk(v_Bnk.reshape(B, -1), k, dim=-1)
+    return v_Bk, i_Bnk.reshape(B, -1).gather(1, j_Bk)
+
+
+def student_scores(logits_BV: torch.Tensor, tok_B: torch.Tensor, temperature, k: int, chunk: int | None = 1024):
     """What a trainer's scoring pass would compute from these logits, for 03's `--student-scores sampler`: with
     z = logits / T (the scorer's temperature, as verl scores its actor),
 
         lp_B       log_softmax(z)[tok_B]                     the drawn token's log-prob at T
-        ids_Bk     the k largest z (torch.topk: equal logits in an unspecified order; the scorer's sort sends them
-                   to the lower id, so ids can differ only inside an exact tie)
+        ids_Bk     the k largest z (topk_two_stage, or torch.topk with chunk=None: equal logits in an unspecified
+                   order; the scorer's sort sends them to the lower id, so ids can differ only inside an exact tie)
         lp_Bk      log_softmax(z) at ids_Bk
         ent_B      the entropy of softmax(z): −Σ_v p_v log p_v with log p = z − logsumexp(z) (not logsumexp(z) − Σ p z,
                    whose two large terms cancel: 2.5e-5 off at an entropy of 0.003 on the toy student)
@@ -152,5 +169,5 @@ def student_scores(logits_BV: torch.Tensor, tok_B: torch.Tensor, temperature, k:
     lp_BV = z_BV - lse_B[:, None]
     ent_B = -(lp_BV.exp() * lp_BV).sum(-1)
     lp_B = z_BV.gather(1, tok_B[:, None])[:, 0] - lse_B
-    top_Bk, ids_Bk = torch.topk(z_BV, k, dim=-1)
+    top_Bk, ids_Bk = topk_two_stage(z_BV, k, chunk) if chunk else torch.topk(z_BV, k, dim=-1)
     return lp_B, ids_Bk, top_Bk - lse_B[:, None], ent_B
