@@ -13,7 +13,8 @@ be ids the 1.5B teachers have no row for: their log-probs NaN, and 03 stops on a
 0.08 % of the head's columns and 0.006 % of the parameters.
 
 summary: floors as bench/step_floor.py defines them, with the four models' own sizes (gen: the 7B student's weights and
-each live sequence's KV read once per decode step at 2C; score = 2·T·ΣP / R, update
+each live sequence's KV read once per decode step at 2C; score = 2·T·ΣP / R over the models scored (the student
+left out under --student-scores sampler), update
 = c·P_s·T / R, c = 8 with activation checkpointing) and, for the optimizer with --offload-optimizer, the moments'
 round trip over PCIe (8·P_s bytes each way at the measured pinned host↔device rate, both directions at once).
 R (bf16 8192³ matmul), C (2 GiB device copy) and the pinned host→device / device→host rates are measured here.
@@ -115,7 +116,10 @@ def summary(metrics: Path, student: Path, teacher: Path, offload: bool, ac: bool
     Tr = statistics.median(r["perf/response_tokens"] for r in steady)
     L, Lm, pm = max(r["response_length/max"] for r in steady), Tr / S, (T - Tr) / S
     kv = 2 * 28 * 4 * 128 * 2                       # bytes of bf16 KV a token at the 7B shape (28 layers, 4 KV heads)
-    floor = {"sync": 2 * P_s / rt["C"], "score": 2 * T * (2 * P_s + 2 * P_t) / rt["R"],
+    # the student is scored too unless the sampler recorded its scores (--student-scores sampler: its metrics carry
+    # rollout/candidate_logprob_gap); the reference always
+    students = 1 if any("rollout/candidate_logprob_gap" in r for r in rows) else 2
+    floor = {"sync": 2 * P_s / rt["C"], "score": 2 * T * (students * P_s + 2 * P_t) / rt["R"],
              "gen": (L * 2 * P_s + kv * S * (pm * Lm + Lm * (Lm - 1) / 2)) / (2 * rt["C"]),
              "update": c * P_s * T / rt["R"],
              "optimizer": (8 * P_s * 2 / rt["duplex"]) if offload else 40 * P_s / (2 * rt["C"])}

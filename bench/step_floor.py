@@ -106,7 +106,8 @@ def run_settings(metrics_path: Path) -> dict:
     if not args:
         return {}
     teachers = 1 if args.get("reward") == "opd" else 2
-    return {"world": world, "scored_models": 1 + teachers + (args.get("kl_ref", "init") == "init"),
+    student = args.get("student_scores", "recompute") != "sampler"      # --student-scores sampler: no student forward
+    return {"world": world, "scored_models": student + teachers + (args.get("kl_ref", "init") == "init"),
             "activation_checkpointing": bool(args.get("activation_checkpointing"))}
 
 

@@ -85,3 +85,15 @@ def test_script_on_a_real_toy_run(tmp_path):
     for phase in ("sync", "gen", "score", "update", "optimizer", "step"):
         assert got[phase]["measured_s"] == rows[2][f"timing_s/{phase}"]
         assert got[phase]["floor_s"] == pytest.approx(want[phase][0], rel=1e-12)
+
+
+@pytest.mark.parametrize("args,scored", [({"reward": "delta-topk"}, 4), ({"reward": "opd"}, 3),
+                                         ({"reward": "delta-topk", "student_scores": "sampler"}, 3),
+                                         ({"reward": "opd", "kl_ref": "none", "student_scores": "sampler"}, 1),
+                                         ({"reward": "delta-topk", "student_scores": "recompute"}, 4)])
+def test_scored_models_follow_the_runs_settings(tmp_path, args, scored):
+    """M, the models step 2 forwards: the student (none under --student-scores sampler, whose scores come from the
+    sampler), one or two teachers, and the reference unless --kl-ref none; read from the run's manifest."""
+    (tmp_path / "manifest.json").write_text(json.dumps({"args": args, "world_size": 2}))
+    got = load().run_settings(tmp_path / "metrics.jsonl")
+    assert got["scored_models"] == scored and got["world"] == 2

@@ -30,6 +30,9 @@ its own row. Grouped-query attention without copying K/V: a kv head's G query he
          the fast draw's cumulative sums in two levels (`draw_blocked`, lib/sample/draw.py), the step's fast or
          greedy draw compiled whole (`compile_draw`, a backend if a str: ~110 launch-bound kernels → a few; exact
          draws stay eager)
+`candidates=k` (03's --student-scores sampler) records, beside each drawn token, the student's scores of it from the
+same logits (lib/sample/draw.student_scores: the log-prob at logits / T, the top-k ids and log-probs, the entropy),
+inside the step's graph; a finished row returns them as a StudentScores on the device.
 CPU runs v1 eagerly unless asked otherwise; its numerics are those of the toy campaign. Slot invariance: a request's
 tokens do not depend on the slot count or batch-mates up to the numerics of the GEMMs (v2's attention is per slot).
 

@@ -59,7 +59,8 @@ class HFEngine:
     `model_or_path`: an nn.Module (the trainer's live student, sampled in place with its training mode restored, or
     a sampler copy kept current by `update_weights`) or a folder loaded with `dtype` ("auto" = the checkpoint's) onto
     `device` (default cuda if present). `mode`: "fast" | "exact" (lib/sample/draw.py says what each guarantees).
-    `decoder_options`: more Decoder keywords (lib/sample/decode.py: fuse_gemms, compile_step, attn_impl, …)."""
+    `decoder_options`: more Decoder keywords (lib/sample/decode.py: fuse_gemms, compile_step, attn_impl, …;
+    `candidates=k`: each Completion also carries the student's scores of its tokens, a StudentScores)."""
     backend = "hf"
 
     def __init__(self, model_or_path, tokenizer, *, batch_size: int | None = 64, dtype="auto", device=None,
