@@ -37,6 +37,9 @@
 #   vllm-smoke    the colocated vLLM engine against transformers (bench/vllm_smoke.py) → vllm_smoke.json
 #   prefill       the sampler's prefill of 03's first steps (64 real training prompts × 4 requests each), packed
 #                 against right-padded (bench/prefill.py, 1.5B shape) → prefill.json
+#   student-scores  what recording the student's scores costs a decode step (03's --student-scores sampler):
+#                 lib/sample/draw.student_scores, one-stage and two-stage top-K and its parts, at B = 64 and 256
+#                 (bench/student_scores.py; CUDA only) → student_scores.json
 #   step          03_opd_train with the built-in sampler: random Qwen2.5-1.5B student and teachers, delta-topk
 #                 (K = 16), 64 prompts × 4 rollouts × 400 new tokens, --micro-batch 16, STEPS steps (default 6),
 #                 then its floors (step-floor) → step_builtin_metrics.jsonl, step_floor_builtin.{json,md}
@@ -89,8 +92,8 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 VLLM_USE_FLASHINFER_SAMPLER=0 OPD_DATA_DIR=${OPD_DATA_DIR:-.device/data}
 
 usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; }
-PARTS=(kernel update sampling attention decode-step gemm rollouts rollouts-7b checks vllm-smoke prefill step colocated
-       step-vllm step-floor profile-step source-step vllm-stash vllm-install)
+PARTS=(kernel update sampling attention decode-step gemm rollouts rollouts-7b checks vllm-smoke prefill student-scores
+       step colocated step-vllm step-floor profile-step source-step vllm-stash vllm-install)
 if [ $# = 0 ] || [ "$1" = -h ] || [ "$1" = --help ]; then usage; [ $# = 0 ] && exit 2 || exit 0; fi
 for p in "$@"; do
   [[ " ${PARTS[*]} " == *" $p "* ]] || { echo "device.sh: no part '$p'; the parts: ${PARTS[*]}" >&2; exit 2; }
@@ -339,6 +342,11 @@ part_prefill() {
   tokenizer
   [ "$TINY" = 1 ] && tiny=(--shape tiny --steps 2 --reps 1)
   measure prefill "$(lim 200)" cat python3 bench/prefill.py --data "$data" "${tiny[@]}" --out "$OUT/prefill.json"
+}
+
+part_student_scores() {
+  gpu || { echo "!! student-scores: needs CUDA (CUDA graphs and events)"; FAILED+=(student-scores); return 1; }
+  measure student-scores "$(lim 200)" cat python3 bench/student_scores.py --out "$OUT/student_scores.json"
 }
 
 part_step() {
