@@ -36,9 +36,19 @@ def variants(k: int) -> dict:
     def topk_only(chunk):
         return lambda x, t, T: (topk_two_stage(x.float(), k, chunk) if chunk else torch.topk(x.float(), k, -1))
 
+    def on_bf16(chunk):        # the top-K of the bf16 logits themselves (T > 0 keeps their order), half the bytes
+        def fn(x, t, T):
+            z = x.float() / T
+            lse = torch.logsumexp(z, -1)
+            lp = z - lse[:, None]
+            _, ids = topk_two_stage(x, k, chunk)
+            return (z.gather(1, t[:, None])[:, 0] - lse, ids, lp.gather(1, ids), -(lp.exp() * lp).sum(-1))
+        return fn
+
     out = {"eager one-stage": (full(None), False)}
     for name, fn in [("one-stage", full(None)), ("two-stage 256", full(256)), ("two-stage 1024", full(1024)),
-                     ("two-stage 4096", full(4096)), ("lse + entropy + lp only", lse_ent),
+                     ("two-stage 4096", full(4096)), ("two-stage 1024, top-K of the bf16 logits", on_bf16(1024)),
+                     ("lse + entropy + lp only", lse_ent),
                      ("topk only, one-stage", topk_only(None)), ("topk only, two-stage 1024", topk_only(1024))]:
         out[name] = (fn, True)
     return out
