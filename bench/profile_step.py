@@ -26,7 +26,6 @@ import sys
 import time
 from collections import defaultdict
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
@@ -35,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 from bench.step_floor import measure_rates                         # noqa: E402
 from bench.update_phase import build                                # noqa: E402
 from lib.kernels import varlen
+from lib.sample.completion import Completion                        # noqa: E402
 from lib.train import dist as D, opd                              # noqa: E402
 from lib.train.scoring import TokenScorer, micro_batch_plan, pack, regroup  # noqa: E402
 
@@ -132,7 +132,7 @@ def main():
     plens = torch.randint(args.prompt_min, args.prompt_max + 1, (args.seqs,), generator=g).tolist()
     prompts = [torch.randint(0, V, (n,), generator=g).tolist() for n in plens]
     resp = [torch.randint(0, V, (args.resp,), generator=g).tolist() for _ in plens]
-    outs = [SimpleNamespace(token_ids=r, finish_reason="length", logprobs=[0.0] * len(r)) for r in resp]
+    outs = [Completion(token_ids=r, text="", logprobs=[0.0] * len(r), finish_reason="length") for r in resp]
     T = sum(plens) + args.seqs * args.resp
     lens = [len(a) + len(b) for a, b in zip(prompts, resp)]
     M = 1 + len(teachers) + 1

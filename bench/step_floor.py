@@ -164,7 +164,8 @@ def main(argv=None):
     p.add_argument("metrics", help="a 03_opd_train metrics.jsonl")
     p.add_argument("--shape", default="qwen2.5-1.5b", help="lib/shapes.py shape, or a model folder with config.json")
     p.add_argument("--world", type=int, default=None, help="W, processes of the run (default: its manifest, else 1)")
-    p.add_argument("--scored-models", type=int, default=None, help="M (default: from the manifest, else 4)")
+    p.add_argument("--scored-models", type=int, default=None,
+                   help="M (default: from the manifest, else 4, or 3 under --student-scores sampler)")
     p.add_argument("--activation-checkpointing", action="store_true", default=None, help="c = 8 (default: manifest)")
     p.add_argument("--min-step", type=int, default=3, help="median over steps ≥ this")
     p.add_argument("--matmul-tflops", type=float, default=None, help="use this R instead of measuring it")
@@ -179,7 +180,10 @@ def main(argv=None):
         sys.exit(f"{args.metrics} holds no steps")
     run = run_settings(Path(args.metrics))
     world = args.world or run.get("world") or 1
-    scored = args.scored_models or run.get("scored_models") or 4
+    # no manifest beside the metrics (bench/device.sh copies them out): 4, or 3 where the rows show the sampler
+    # recorded the student's scores (--student-scores sampler logs rollout/candidate_logprob_gap)
+    scored = args.scored_models or run.get("scored_models") or (
+        3 if any("rollout/candidate_logprob_gap" in r for r in rows) else 4)
     ac = args.activation_checkpointing if args.activation_checkpointing is not None else \
         run.get("activation_checkpointing", False)
     rates = {}

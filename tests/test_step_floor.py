@@ -97,3 +97,17 @@ def test_scored_models_follow_the_runs_settings(tmp_path, args, scored):
     (tmp_path / "manifest.json").write_text(json.dumps({"args": args, "world_size": 2}))
     got = load().run_settings(tmp_path / "metrics.jsonl")
     assert got["scored_models"] == scored and got["world"] == 2
+
+
+def test_metrics_without_a_manifest_count_three_models_under_sampler_scores(tmp_path):
+    """bench/device.sh hands step_floor a copy of the metrics with no manifest beside it: M = 4, or 3 when the rows
+    carry rollout/candidate_logprob_gap (logged only under --student-scores sampler)."""
+    row = {"step": 3, "perf/tokens": 1000, "perf/sequences": 8, "perf/response_tokens": 400,
+           "response_length/max": 50, **{f"timing_s/{k}": 1.0 for k in ("sync", "gen", "score", "update",
+                                                                        "optimizer", "step")}}
+    for extra, want in (({}, 4), ({"rollout/candidate_logprob_gap": 0.01}, 3)):
+        (tmp_path / "metrics.jsonl").write_text(json.dumps(row | extra) + "\n")
+        out = tmp_path / f"floor{want}.json"
+        run_script("bench/step_floor.py", tmp_path / "metrics.jsonl", "--shape", builder.model_dir("student"),
+                   "--matmul-tflops", "1", "--copy-gbps", "1", "--json", out)
+        assert json.loads(out.read_text())["scored_models"] == want

@@ -139,8 +139,10 @@ def draw_tokens(logits_BV: torch.Tensor, seed_lo_B, seed_hi_B, step, temperature
 def topk_two_stage(z_BV: torch.Tensor, k: int, chunk: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
     """torch.topk(z_BV, k) in two stages: each chunk of `chunk` columns its own top-k (the row padded with −inf to a
     whole number of chunks), then the top-k of those. Exact: an entry among a row's k largest is among its chunk's.
-    On CUDA one (256, 151,936) topk is a slice per thread block scanning 152k entries; (256 · 149) slices of 1,024
-    spread over the whole GPU (bench/student_scores.py measures both). Values sorted descending, as torch.topk's."""
+    Values sorted descending, as torch.topk's. Built to spread one (256, 151,936) topk over more thread blocks, it
+    measured SLOWER on one H200 (bench/student_scores.py, RESULTS §8: 1,475 µs against 891 µs for the one torch.topk
+    inside student_scores at 256 rows, chunks of 1,024; 986 µs at 4,096), so student_scores does not use it by
+    default; the bench keeps it as a variant."""
     B, V = z_BV.shape
     if V <= chunk or k == 0:
         return torch.topk(z_BV, k, dim=-1)
@@ -152,13 +154,13 @@ def topk_two_stage(z_BV: torch.Tensor, k: int, chunk: int = 1024) -> tuple[torch
     return v_Bk, i_Bnk.reshape(B, -1).gather(1, j_Bk)
 
 
-def student_scores(logits_BV: torch.Tensor, tok_B: torch.Tensor, temperature, k: int, chunk: int | None = 1024):
+def student_scores(logits_BV: torch.Tensor, tok_B: torch.Tensor, temperature, k: int, chunk: int | None = None):
     """What a trainer's scoring pass would compute from these logits, for 03's `--student-scores sampler`: with
     z = logits / T (the scorer's temperature, as verl scores its actor),
 
         lp_B       log_softmax(z)[tok_B]                     the drawn token's log-prob at T
-        ids_Bk     the k largest z (topk_two_stage, or torch.topk with chunk=None: equal logits in an unspecified
-                   order; the scorer's sort sends them to the lower id, so ids can differ only inside an exact tie)
+        ids_Bk     the k largest z (one torch.topk; topk_two_stage with `chunk`): equal logits in an unspecified
+                   order; the scorer's sort sends them to the lower id, so ids can differ only inside an exact tie
         lp_Bk      log_softmax(z) at ids_Bk
         ent_B      the entropy of softmax(z): −Σ_v p_v log p_v with log p = z − logsumexp(z) (not logsumexp(z) − Σ p z,
                    whose two large terms cancel: 2.5e-5 off at an entropy of 0.003 on the toy student)
