@@ -45,7 +45,11 @@ def variants(k: int) -> dict:
             return (z.gather(1, t[:, None])[:, 0] - lse, ids, lp.gather(1, ids), -(lp.exp() * lp).sum(-1))
         return fn
 
-    out = {"eager one-stage": (full(None), False)}
+    def fused(x, t, T):         # lib/sample/scores_triton.py: two Triton passes over the logits
+        from lib.sample.scores_triton import student_scores_fused
+        return student_scores_fused(x, t, T, k)
+
+    out = {"eager one-stage": (full(None), False), "fused Triton, 2 passes": (fused, False)}
     for name, fn in [("one-stage", full(None)), ("two-stage 256", full(256)), ("two-stage 1024", full(1024)),
                      ("two-stage 4096", full(4096)), ("two-stage 1024, top-K of the bf16 logits", on_bf16(1024)),
                      ("lse + entropy + lp only", lse_ent),
