@@ -382,3 +382,22 @@ def test_unknown_architecture_falls_back_to_generate(mistral, capsys):
     assert alone.token_ids == among.token_ids and alone.logprobs == among.logprobs
     assert other.token_ids != alone.token_ids
     assert "falling back" not in capsys.readouterr().out                    # said once per engine
+
+
+@pytest.mark.parametrize("B,V,k,T,block", [(3, 5000, 16, 1.0, 2048), (2, 777, 4, 0.7, 256), (4, 3000, 0, 1.3, 1024),
+                                           (2, 2048, 16, 1.0, 2048), (1, 300, 16, 2.0, 64)])
+def test_fused_student_scores_equal_the_torch_ops(B, V, k, T, block):
+    """lib/sample/scores_triton.py's two passes (Triton's interpreter on CPU) against draw.student_scores: the drawn
+    token's log-prob, the top-k ids and log-probs and the entropy, on rows that are not a whole number of blocks,
+    at T ≠ 1, with k = 0, and with the row's largest logit in the last, partial block."""
+    from lib.sample.draw import student_scores
+    from lib.sample.scores_triton import student_scores_fused
+    g = torch.Generator().manual_seed(V + k)
+    x = torch.randn(B, V, generator=g) * 3
+    x[0, -1] = 30.0
+    tok = torch.randint(0, V, (B,), generator=g)
+    got = student_scores_fused(x, tok, torch.tensor(T), k, block)
+    want = student_scores(x, tok, torch.tensor(T), k)
+    assert got[1].shape == (B, k) and torch.equal(got[1], want[1])
+    for a, b in zip(got[::2] + got[3:], want[::2] + want[3:]):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
