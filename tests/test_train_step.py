@@ -480,3 +480,23 @@ def test_a_sampler_scored_micro_batch_has_the_plain_hf_gradient(world, reward):
     want.backward()
     assert loss.item() == pytest.approx(want.item(), rel=1e-5, abs=1e-6)
     assert_grads_close({n: p.grad for n, p in student.lm.named_parameters()}, lm)
+
+
+def test_the_decoder_records_the_same_scores_through_the_triton_passes(world):
+    """Decoder(scores_impl="triton") (Triton's interpreter on CPU): the same draws, and the same recorded scores as the
+    torch ops' to float rounding."""
+    def run(impl):
+        from lib.sample.scores_triton import student_scores_fused
+        eng = HFEngine(copy.deepcopy(world["lms"]["student"]), world["tok"], batch_size=8,
+                       decoder_options={"candidates": K, "scores_impl": impl})
+        outs = sample(eng, world["prompts"], list(range(4)), temperature=0.7, top_p=1.0, max_new_tokens=24,
+                      progress=False)
+        assert (eng.decoder.scores_c is student_scores_fused) == (impl == "triton")
+        return outs
+
+    a, b = run("torch"), run("triton")
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+    for f in ("logprobs", "topk_logprobs", "entropy"):
+        torch.testing.assert_close(torch.cat([getattr(o.student, f) for o in b]),
+                                   torch.cat([getattr(o.student, f) for o in a]), atol=1e-5, rtol=0)
+    assert torch.equal(torch.cat([o.student.topk_ids for o in b]), torch.cat([o.student.topk_ids for o in a]))
