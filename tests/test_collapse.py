@@ -152,3 +152,43 @@ def test_sink_probe_splits_a_completion_at_its_first_answer(tok):
     assert tok.decode(twice[:probe.first_answer_cut(tok, twice)]) == "2+2=4.\nAnswer: 4"   # the first, not the last
     none = ids("2+2=4. 4+1=5.")
     assert probe.first_answer_cut(tok, none) == len(none)
+
+
+def test_sink_where_totals_equal_an_independent_sum(tok):
+    """bench/nostop_probe.py --sink-where's totals against an independent computation on the same samples: each
+    completion forwarded alone (no padded batch), delta-topk's per-token reward written out from DESIGN.md §7.2
+    (w = the student's top-K probabilities renormalised, Σ_k w_k · (log π_post − log π_pre)), summed over every
+    completion token. The parts' token counts add up to the whole, their shares to the token mean, and the stop tokens
+    counted are the completions that stopped."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    import torch
+    from transformers import AutoModelForCausalLM
+    path = Path(__file__).resolve().parent.parent / "bench" / "nostop_probe.py"
+    spec = importlib.util.spec_from_file_location("nostop_probe", path)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    world = builder.build()
+    ckpt, K, n_rows = builder.model_dir("student"), 4, 6
+    got = probe.sink_where(ckpt, seeds=(7,), n_rows=n_rows, topk=K)
+    lms = {m: AutoModelForCausalLM.from_pretrained(d).float().eval()
+           for m, d in (("student", ckpt), ("pre", world / "models" / "pre"), ("post", world / "models" / "post-nostop"))}
+    rows = [json.loads(line) for line in (world / "data" / "toy_train.jsonl").read_text().splitlines()][:n_rows]
+    seqs = probe.samples(tok, [(lms["student"], 7)], rows, 64)
+    total, n, stops = 0.0, 0, 0
+    with torch.no_grad():
+        for p, c in seqs:
+            x = torch.tensor([p + c])
+            lp = {m: torch.log_softmax(lm(input_ids=x).logits[0, len(p) - 1:len(p) + len(c) - 1].double(), -1)
+                  for m, lm in lms.items()}
+            top, ids = lp["student"].topk(K, -1)
+            w = torch.softmax(top, -1)
+            total += (w * (lp["post"].gather(1, ids) - lp["pre"].gather(1, ids))).sum().item()
+            n, stops = n + len(c), stops + (c[-1] == tok.eos_token_id)
+    parts = [got[k] for k in ("working", "after the answer", "run-on")]
+    assert got["samples"] == n_rows and got["tokens"] == n == sum(p["tokens"] for p in parts)
+    assert got["token_mean"] == pytest.approx(total / n, abs=1e-5)
+    assert sum(p["share_of_token_mean"] for p in parts) == pytest.approx(got["token_mean"], abs=1e-9)
+    assert sum(p["stop_tokens"] for p in parts) == stops
