@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.skinny_gemm import timed  # noqa: E402
 from lib.sample.draw import student_scores, topk_two_stage  # noqa: E402
 
 
@@ -59,27 +60,10 @@ def variants(k: int) -> dict:
 
 
 def time_variant(fn, xs, tok, temp, reps: int) -> float:
-    """µs per call: one CUDA graph over len(xs) calls, replayed `reps` times after a warm-up."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            for x in xs:
-                fn(x, tok, temp)
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for x in xs:
-            fn(x, tok, temp)
-    g.replay()
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(reps):
-        g.replay()
-    b.record()
-    torch.cuda.synchronize()
-    return a.elapsed_time(b) * 1e3 / (reps * len(xs))
+    """µs per call: one CUDA graph over len(xs) calls (bench/skinny_gemm.timed, warmed up first), replayed `reps`
+    times."""
+    fn(xs[0], tok, temp)                                      # the first call compiles, outside the timed warm-up
+    return timed(lambda i: fn(xs[i], tok, temp), len(xs), reps)
 
 
 def copy_rate() -> float:
