@@ -250,7 +250,9 @@ def score_micro_batch(student, teachers, ref, batch, K, completions, stop_t=None
         if completions and completions[0].student is not None:
             lp_N, topk_ids_NK, topk_lp_NK, ent_N = (torch.cat([getattr(o.student, f) for o in completions]).to(dev)
                                                     for f in ("logprobs", "topk_ids", "topk_logprobs", "entropy"))
-            topk_ids_NK, topk_lp_NK = topk_ids_NK[:, :K], topk_lp_NK[:, :K]
+            if topk_ids_NK.shape[1] != K:
+                raise ValueError(f"the sampler recorded {topk_ids_NK.shape[1]} candidates a token, the step scores "
+                                 f"{K}: build the engine with candidates=K (make_engine)")
         else:
             lp_N, topk_ids_NK, topk_lp_NK, ent_N = student(batch, None, topk=K)
         ids_NJ = torch.cat([batch.targets_N[:, None], topk_ids_NK], 1)

@@ -38,7 +38,8 @@
 #   prefill       the sampler's prefill of 03's first steps (64 real training prompts × 4 requests each), packed
 #                 against right-padded (bench/prefill.py, 1.5B shape) → prefill.json
 #   student-scores  what recording the student's scores costs a decode step (03's --student-scores sampler):
-#                 lib/sample/draw.student_scores, one-stage and two-stage top-K and its parts, at B = 64 and 256
+#                 lib/sample/draw.student_scores (one-stage and two-stage top-K, and its parts) and the fused
+#                 Triton passes of lib/sample/scores_triton.py, at B = 64 and 256
 #                 (bench/student_scores.py; CUDA only) → student_scores.json
 #   step          03_opd_train with the built-in sampler: random Qwen2.5-1.5B student and teachers, delta-topk
 #                 (K = 16), 64 prompts × 4 rollouts × 400 new tokens, --micro-batch 16, STEPS steps (default 6),

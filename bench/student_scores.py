@@ -1,7 +1,7 @@
 """bench/student_scores.py — what recording the student's scores costs the decoder per step (03's `--student-scores
 sampler`): lib/sample/draw.student_scores on one step's logits, with its top-K in one torch.topk over the whole
-vocabulary or in two stages (draw.topk_two_stage, by chunk size), and its parts alone, against the floor of reading
-the step's bf16 logits once.
+vocabulary or in two stages (draw.topk_two_stage, by chunk size), its parts alone, and lib/sample/scores_triton.py's
+two fused passes, against the floor of reading the step's bf16 logits once.
 
 Each variant runs on (B, V) bf16 logits as the decoder hands them over, compiled as the decoder compiles it
 (torch.compile, fullgraph, static shapes) or eagerly, inside one CUDA graph of `--per-graph` calls on distinct
@@ -23,6 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.skinny_gemm import timed  # noqa: E402
+from bench.step_floor import measure_rates  # noqa: E402
 from lib.sample.draw import student_scores, topk_two_stage  # noqa: E402
 
 
@@ -66,21 +67,6 @@ def time_variant(fn, xs, tok, temp, reps: int) -> float:
     return timed(lambda i: fn(xs[i], tok, temp), len(xs), reps)
 
 
-def copy_rate() -> float:
-    """Bytes copied per second by a 2 GiB device copy (read + write counted once: the C of bench/step_floor.py)."""
-    x = torch.empty(2**30, dtype=torch.bfloat16, device="cuda")
-    y = torch.empty_like(x)
-    y.copy_(x)
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(10):
-        y.copy_(x)
-    b.record()
-    torch.cuda.synchronize()
-    return 10 * x.numel() * 2 / (a.elapsed_time(b) / 1e3)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batches", type=int, nargs="+", default=[64, 256])
@@ -92,7 +78,7 @@ def main():
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     torch.manual_seed(0)
-    C = copy_rate()
+    C = measure_rates(n=1024)["copy_bytes_per_s"]              # bench/step_floor.py's C, measured the same way
     print(f"{torch.cuda.get_device_name()} | torch {torch.__version__} | C = {C / 1e9:.0f} GB/s copied "
           f"(read + write 2C = {2 * C / 1e12:.2f} TB/s)")
     rows = []

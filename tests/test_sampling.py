@@ -168,7 +168,8 @@ def test_nucleus_keeps_exactly_the_reference_set():
 @pytest.mark.parametrize("B,V,k,chunk", [(3, 5000, 16, 1024), (2, 1030, 16, 1024), (5, 2049, 4, 1024),
                                          (4, 100, 16, 1024), (3, 3000, 8, 7), (2, 4096, 16, 1024)])
 def test_two_stage_topk_is_torch_topk(B, V, k, chunk):
-    """draw.topk_two_stage (the sampler's top-K for --student-scores sampler) returns torch.topk's values and ids on
+    """draw.topk_two_stage (bench/student_scores.py's two-stage variants; measured slower than one torch.topk, so
+    not the sampler's default) returns torch.topk's values and ids on
     rows that are not a whole number of chunks, on chunks smaller than k, and on rows shorter than one chunk; with the
     row's largest entry placed in the last, padded chunk, and a row of negative entries only."""
     z = torch.randn(B, V, generator=torch.Generator().manual_seed(V)) * 3

@@ -500,3 +500,13 @@ def test_the_decoder_records_the_same_scores_through_the_triton_passes(world):
         torch.testing.assert_close(torch.cat([getattr(o.student, f) for o in b]),
                                    torch.cat([getattr(o.student, f) for o in a]), atol=1e-5, rtol=0)
     assert torch.equal(torch.cat([o.student.topk_ids for o in b]), torch.cat([o.student.topk_ids for o in a]))
+
+
+def test_sampler_scores_of_another_k_are_refused(world):
+    """Scores recorded with K candidates given to a step that scores another number: one clear error, not a silent
+    slice."""
+    outs = sampled_with_scores(world, 1.0, K)
+    lms = world["lms"]
+    teachers = {"pi_post": TokenScorer(lms["post"]), "pi_pre": TokenScorer(lms["pre"])}
+    with pytest.raises(ValueError, match=f"recorded {K} candidates a token, the step scores {K - 1}"):
+        world["m03"].score_micro_batch(TokenScorer(lms["student"]), teachers, None, world["batch"], K - 1, outs)
