@@ -47,11 +47,13 @@ def variants(k: int) -> dict:
             return (z.gather(1, t[:, None])[:, 0] - lse, ids, lp.gather(1, ids), -(lp.exp() * lp).sum(-1))
         return fn
 
-    def fused(x, t, T):         # lib/sample/scores_triton.py: two Triton passes over the logits
+    def fused(block):           # lib/sample/scores_triton.py: two Triton passes over the logits, by block size
         from lib.sample.scores_triton import student_scores_fused
-        return student_scores_fused(x, t, T, k)
+        return lambda x, t, T: student_scores_fused(x, t, T, k, block)
 
-    out = {"eager one-stage": (full(None), False), "fused Triton, 2 passes": (fused, False)}
+    from lib.sample.scores_triton import BLOCK
+    out = {"eager one-stage": (full(None), False), "fused Triton, 2 passes": (fused(BLOCK), False)}
+    out.update({f"fused Triton, blocks of {b}": (fused(b), False) for b in (1024, 4096) if b != BLOCK})
     for name, fn in [("one-stage", full(None)), ("two-stage 256", full(256)), ("two-stage 1024", full(1024)),
                      ("two-stage 4096", full(4096)), ("two-stage 1024, top-K of the bf16 logits", on_bf16(1024)),
                      ("lse + entropy + lp only", lse_ent),

@@ -3,7 +3,7 @@
 For row b of the (B, V) logits x and z = x / T (fp32), in blocks of BLOCK columns:
 
     pass 1   one program per (b, block): the block's max m_c, its mass s_c = Σ exp(z − m_c), and its own top-K
-             (K rounds of max and argmax, each winner masked out): values and column ids
+             (K rounds of one max-with-index reduction, each winner masked out): values and column ids
     merge    (torch, small) lse = M + log Σ_c s_c · exp(m_c − M) with M = max_c m_c; the row's top-K among the blocks'
              B × (blocks · K) candidates (exact: a row's K largest are among their blocks' K largest)
     pass 2   one program per (b, block): Σ exp(z − lse) · (lse − z), the block's share of the entropy (each term ≥ 0:
@@ -39,8 +39,7 @@ def _block_pass(X, TEMP, M, S, VALS, IDS, V, stride_b, n_blocks,
     vals = tl.full([KP], float("-inf"), tl.float32)
     ids = tl.zeros([KP], dtype=tl.int64)
     for i in tl.static_range(K):
-        v = tl.max(z, axis=0)
-        j = tl.argmax(z, axis=0)
+        v, j = tl.max(z, axis=0, return_indices=True)
         vals = tl.where(kk == i, v, vals)
         ids = tl.where(kk == i, (c * BLOCK + j).to(tl.int64), ids)
         z = tl.where(cols == c * BLOCK + j, float("-inf"), z)
