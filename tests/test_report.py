@@ -343,25 +343,30 @@ def check_naive(campaign):
         assert n["seeds_a"] == len(unit_seeds(campaign / g["unit_a"])) > g["n_seeds"]
 
 
-def expected_hypotheses(campaign):
-    """lib/registry.py's hypotheses of pair toy, each clause decided here from the artifacts: {name: (verdict,
-    [clause results])}."""
+def expected_hypotheses(campaign, pair="toy"):
+    """lib/registry.py's hypotheses of the campaign's pair and of every other pair a run here trained on (the collapse
+    arm's), each clause decided here from the artifacts: {name: (verdict, [clause results])}. A run belongs to the
+    pair its args name (else the campaign's); a clause selects the runs whose args carry every (setting, value) of its
+    `where`."""
     from lib.registry import HYPOTHESES
     SG = read_json(campaign / "stats" / "student_gains.json")
-    T = read_json(campaign / "stats" / "teacher_gains.json")
     runs = sorted(p.name for p in (campaign / "train").iterdir() if p.is_dir())
+    args = {r: run_args(campaign, r) or {"reward": r.split("-seed")[0]} for r in runs}
     ev = campaign / "evals"
     a, b = per_problem(ev / "toy-pre" / "toy" / "sample4"), per_problem(ev / "toy-post" / "toy" / "sample4")
     gate_lo = boot_summary([b[q] - a[q] for q in sorted(a)])[1][0]
+    trained = {pair} | {args[r].get("pair", pair) for r in runs}
     out = {}
-    for h in (h for h in HYPOTHESES if h.pair == "toy"):
+    for h in (h for h in HYPOTHESES if h.pair in trained):
         res = []
         for c in h.clauses:
-            sel = [r for r in runs if all((run_args(campaign, r) or {"reward": r.split("-seed")[0]}).get(k) == v
-                                          for k, v in c.where)]
+            sel = [r for r in runs if args[r].get("pair", pair) == h.pair and all(args[r].get(k) == v
+                                                                                  for k, v in c.where)]
             met = {r: run_metrics(campaign, r) for r in sel}
-            if c.kind == "teacher_gate":
-                res.append("holds" if gate_lo > 0 else "fails")
+            planned = {r: (read_json(campaign / "train" / r / "summary.json").get("steps")
+                           if (campaign / "train" / r / "summary.json").exists() else None) for r in sel}
+            if c.kind == "teacher_gate":     # measured for the campaign's own pair only
+                res.append(("holds" if gate_lo > 0 else "fails") if h.pair == pair else "undecided")
             elif c.kind == "gain":
                 rows = [e for e in SG["by_condition"] if e["protocol"] == "sample4"
                         and {g["run"] for g in e["per_seed"]} == set(sel)]
@@ -371,8 +376,6 @@ def expected_hypotheses(campaign):
             elif not sel:
                 res.append("undecided")
             elif c.kind == "no_collapse":
-                planned = {r: (read_json(campaign / "train" / r / "summary.json").get("steps")
-                               if (campaign / "train" / r / "summary.json").exists() else None) for r in sel}
                 if any(watch_of(met[r])[0] is not None and watch_of(met[r])[0] <= (c.through_step or planned[r] or 0)
                        for r in sel):
                     res.append("fails")
@@ -380,9 +383,14 @@ def expected_hypotheses(campaign):
                     res.append("undecided")
                 else:
                     res.append("holds")
+            elif c.kind == "held":           # every run under 0.1 at every logged step, and every run finished
+                if any(watch_of(met[r])[2] >= 0.1 for r in sel):
+                    res.append("fails")
+                elif any(planned[r] is None or met[r][-1]["step"] < planned[r] for r in sel):
+                    res.append("undecided")
+                else:
+                    res.append("holds")
             elif c.kind == "collapse":       # a run without onset fails it only once it ran all its planned steps
-                planned = {r: read_json(campaign / "train" / r / "summary.json").get("steps")
-                           if (campaign / "train" / r / "summary.json").exists() else None for r in sel}
                 quiet = [r for r in sel if watch_of(met[r])[0] is None]
                 res.append("holds" if not quiet else "fails" if any(planned[r] and met[r][-1]["step"] >= planned[r]
                                                                      for r in quiet) else "undecided")
@@ -1320,3 +1328,64 @@ def test_condition_checks_catch_a_mutated_stage(condition_campaign, tmp_path, na
     run_mutant("05_stats.py", *CONDITION_MUTANTS[name], run_dir, tmp_path)
     with pytest.raises(AssertionError):
         check_condition_campaign(run_dir)
+
+
+# --- the collapse arm's hypotheses (pair toy-collapse, trained inside the toy campaign): recomputed ---
+
+def arm_args(name: str, diff: dict) -> dict:
+    """03's args of a collapse-arm run as campaign.sh launches it (lib/registry.py's _RAW), with `diff` changed."""
+    from lib.registry import TOY_COLLAPSE_LR
+    return {"pair": "toy-collapse", "reward": "delta-topk", "eos_policy": "raw", "reward_center": False,
+            "kl_mode": "adaptive", "kl_coef": 2.5, "lr": TOY_COLLAPSE_LR, "steps": 20, "seed": 42,
+            "stop_on_collapse": False, "time_limit": None, "run_name": name, "run_dir": "/elsewhere"} | diff
+
+
+# run name → (args diff, steps logged, clip onset, clip peak): a verdict of every kind for the `held` clause (holds,
+# fails at 0.45 without an onset, fails by a collapse, undecided for a run stopped short, undecided with no run), and
+# a toy-pair run with the neutral fix's very settings but pair toy, which the arm's hypotheses must not select
+ARM_RUNS = {"arm-raw": ({}, 20, 8, 1.0), "arm-raw-seed1": ({"seed": 1}, 20, 9, 1.0),
+            "arm-neutral": ({"eos_policy": "neutral"}, 20, 8, 0.05),
+            "arm-clamp": ({"eos_policy": "clamp"}, 20, 8, 0.45),
+            "arm-center": ({"reward_center": True, "time_limit": 600.0}, 12, 8, 0.05),
+            "arm-kl-max": ({"kl_mode": "constant"}, 20, 10, 1.0),
+            "arm-low-lr": ({"lr": 1e-4, "steps": 40}, 40, 30, 0.05),
+            "toy-twin-of-neutral": ({"pair": "toy", "eos_policy": "neutral"}, 20, 8, 1.0)}
+ARM_VERDICTS = {"toy-collapse-sink": "holds", "toy-collapse-neutral": "holds", "toy-collapse-neutral-all": "undecided",
+                "toy-collapse-clamp": "fails", "toy-collapse-center": "undecided", "toy-collapse-kl-max": "fails",
+                "toy-collapse-low-lr": "holds"}
+
+
+def make_arm_campaign(run_dir: Path) -> Path:
+    """The conditions campaign with the collapse arm's runs beside it (training only, as campaign.sh's arm)."""
+    make_conditions_campaign(run_dir)
+    for name, (diff, n, onset, peak) in ARM_RUNS.items():
+        args = arm_args(name, diff)
+        t = run_dir / "train" / name
+        atomic_write_jsonl(t / "metrics.jsonl", metric_rows(n_steps=n, onset=onset, peak=peak))
+        atomic_write_json(t / "summary.json", {"pair": args["pair"], "reward": "delta-topk", "student": "toy",
+                                               "seed": args["seed"], "steps": args["steps"], "last_step": n,
+                                               "stopped": "time_limit" if n < args["steps"] else None})
+        if n == args["steps"]:
+            write_manifest(t, stage="03_opd_train", script=__file__, args=args, inputs={},
+                           outputs=["metrics.jsonl", "summary.json"], started=now_iso(), wall_s=50.0, gpu_s=0.0)
+        else:                    # a --time-limit stop: no manifest, the args in the resume state
+            atomic_write_json(t / "resume" / "loop_state.json", {"step": n, "kl_coef": 2.5, "args": args})
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def arm_campaign(tmp_path_factory):
+    run_dir = make_arm_campaign(tmp_path_factory.mktemp("arm") / "toy")
+    run_stage("05_stats.py", run_dir, "--pair", "toy")
+    return run_dir
+
+
+def test_the_collapse_arms_hypotheses_equal_a_recomputation(arm_campaign):
+    """05's verdicts for the arm's hypotheses, clause by clause, against expected_hypotheses' own reading of the
+    runs; the fabricated runs give the `held` clause each of its outcomes, and a toy-pair run with a fix's settings
+    is not counted as the arm's."""
+    check_conditions(arm_campaign)
+    check_hypotheses(arm_campaign)
+    got = {h["name"]: h["verdict"] for h in read_json(arm_campaign / "stats" / "conditions.json")["hypotheses"]}
+    assert {k: got.get(k) for k in ARM_VERDICTS} == ARM_VERDICTS
+    assert got["toy-topk"] == "fails"                  # the toy pair's own runs (and the twin) collapse
