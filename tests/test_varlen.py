@@ -95,3 +95,105 @@ def test_profile_bench_cpu_smoke(tmp_path):
     res = json.loads(out.read_text())
     assert [v["packing"] for v in res["variants"]] == [False, True]
     assert res["meta"]["packed_vs_padded_max_abs_lp"] < 1e-5
+
+
+# --- shared prompts: each distinct prompt laid out once, its responses attending to it (pack_shared) ---
+
+SHARED_P = [[1, 2, 3], [1, 2, 3], [4, 5], [1, 2, 3], [7], [4, 5]]       # equal prompts, not all adjacent
+SHARED_R = [[9, 8, 7, 6], [5], [3, 3, 3], [], [2, 2], [1, 2, 3, 4, 5]]   # an empty response among them
+
+
+def test_the_shared_layout_predicts_each_token_from_the_same_token_and_position():
+    """For every response token, the hidden state that predicts it sits on the same token id at the same position as
+    in the unshared packed layout; each distinct prompt appears once; segments and their keys are as documented."""
+    plain, shared = pack(SHARED_P, SHARED_R, 0, packed=True), pack(SHARED_P, SHARED_R, 0, packed=True,
+                                                                    share_prompts=True)
+    assert torch.equal(plain.targets_N, shared.targets_N) and torch.equal(plain.seq_of_N, shared.seq_of_N)
+    for f in ("input_ids_BT", "position_ids_BT"):
+        assert torch.equal(getattr(plain, f)[0, plain.cols_N], getattr(shared, f)[0, shared.cols_N]), f
+    assert shared.input_ids_BT.shape[1] == 3 + 2 + 1 + sum(map(len, SHARED_R))       # the prompts once each
+    # segments: [1 2 3] [9 8 7 6] [5] | [4 5] [3 3 3] [1 2 3 4 5] | [7] [2 2]; keys: a prompt alone, a response after it
+    assert shared.cu_seqlens.tolist() == [0, 3, 7, 8, 10, 13, 18, 19, 21]
+    assert shared.cu_seqlens_k.tolist() == [0, 3, 10, 14, 16, 21, 28, 29, 32]
+    row = shared.input_ids_BT[0]
+    keys = row[shared.kv_index]
+    assert keys[3:10].tolist() == [1, 2, 3, 9, 8, 7, 6] and keys[21:28].tolist() == [4, 5, 1, 2, 3, 4, 5]
+    with pytest.raises(ValueError, match="packed=True, share_prompts=True"):
+        pack(SHARED_P, SHARED_R, 0, share_prompts=True)
+
+
+def dense_shared(q, k, v, batch, scale):
+    """(T, H, D) attention over the shared row with one mask written from the layout's meaning: a token sees the
+    tokens before it in the row that are its own segment's, or its prompt's when it is a response."""
+    T, bounds = q.shape[0], batch.cu_seqlens.tolist()
+    seg = torch.bucketize(torch.arange(T), batch.cu_seqlens[1:].long(), right=True)
+    pos = batch.position_ids_BT[0]
+    is_prompt = torch.zeros(len(bounds) - 1, dtype=torch.bool)
+    prompt_of = torch.zeros(len(bounds) - 1, dtype=torch.long)
+    for s in range(len(bounds) - 1):               # a segment that starts at position 0 is a prompt
+        is_prompt[s] = pos[bounds[s]] == 0
+        prompt_of[s] = s if is_prompt[s] else prompt_of[s - 1]
+    sq, sk = seg[:, None], seg[None, :]
+    allowed = (torch.arange(T)[None, :] <= torch.arange(T)[:, None]) & (
+        (sq == sk) | (is_prompt[sk] & (prompt_of[sq] == sk)))
+    s_ = torch.einsum("thd,shd->hts", q, k) * scale
+    return torch.einsum("hts,shd->thd", s_.masked_fill(~allowed, float("-inf")).softmax(-1), v)
+
+
+def fake_varlen_two_layouts(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
+                            window_size=(-1, -1)):
+    """varlen_attn's contract with query and key segments of different lengths, causal aligned bottom-right (as
+    FlashAttention's), each segment by one dense softmax."""
+    assert window_size == (-1, 0)
+    out = torch.empty_like(query)
+    for a, b, c, d in zip(cu_seq_q[:-1].tolist(), cu_seq_q[1:].tolist(), cu_seq_k[:-1].tolist(), cu_seq_k[1:].tolist()):
+        assert b - a <= max_q and d - c <= max_k
+        s_ = torch.einsum("thd,shd->hts", query[a:b], key[c:d]) * scale
+        j, i = torch.arange(d - c)[None, :], torch.arange(b - a)[:, None]
+        out[a:b] = torch.einsum("hts,shd->thd", s_.masked_fill(j > i + (d - c) - (b - a), float("-inf")).softmax(-1),
+                                value[c:d])
+    return out
+
+
+@pytest.mark.parametrize("path", ["reference", "flash glue"])
+def test_shared_attention_equals_a_dense_shared_mask(path, monkeypatch):
+    """varlen.attention on a shared-prompt batch (the KV_INDEX gather, the key segments, bottom-right causal) against
+    one dense mask over the row; through the CPU reference and through the flash path's glue (its kernel's place taken
+    by a dense per-segment contract)."""
+    batch = pack(SHARED_P, SHARED_R, 0, packed=True, share_prompts=True)
+    g = torch.Generator().manual_seed(1)
+    T = batch.input_ids_BT.shape[1]
+    q = torch.randn(1, 4, T, 8, generator=g)
+    k, v = torch.randn(1, 2, T, 8, generator=g), torch.randn(1, 2, T, 8, generator=g)
+    want = dense_shared(q[0].transpose(0, 1), k[0].transpose(0, 1).repeat_interleave(2, 1),
+                        v[0].transpose(0, 1).repeat_interleave(2, 1), batch, 0.3)
+    kw = {"cu_seq_lens_q": batch.cu_seqlens, "max_length_q": batch.max_len, "cu_seq_lens_k": batch.cu_seqlens_k,
+          "max_length_k": batch.max_len_k, varlen.KV_INDEX: batch.kv_index}
+    if path == "flash glue":         # attention's own gather and segments, handed to the CUDA path's glue
+        monkeypatch.setattr(varlen, "_VARLEN", fake_varlen_two_layouts)
+        monkeypatch.setattr(varlen, "_VARLEN_KW", varlen.call_kwargs(fake_varlen_two_layouts))
+        monkeypatch.setattr(varlen, "reference", varlen._flash_kernel)
+    got = varlen.attention(None, q, k, v, None, scaling=0.3, **kw)[0][0]
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_a_shared_prompt_scorer_equals_the_unshared_one():
+    """TokenScorer on the shared layout: the student's log-probs, top-K, entropy and parameter gradient, and a
+    teacher's log-probs at given ids, equal the unshared packed layout's (fp32, CPU reference attention)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    torch.manual_seed(0)
+    cfg = Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=60)
+    lm = Qwen2ForCausalLM(cfg).float()
+    scorer = TokenScorer(lm, packed=True, temperature=0.7)
+    got = []
+    for share in (False, True):
+        batch = pack(SHARED_P, SHARED_R, 0, packed=True, share_prompts=share)
+        lm.zero_grad()
+        lp, ids, tlp, ent = scorer(batch, None, topk=3)
+        (lp.sum() + tlp.square().sum() + ent.sum()).backward()
+        with torch.no_grad():
+            teacher = scorer(batch, ids)
+        got.append([lp, ids, tlp, ent, teacher] + [p.grad.clone() for p in lm.parameters()])
+    for a, b in zip(*got):
+        torch.testing.assert_close(a.detach(), b.detach(), atol=2e-5, rtol=1e-5)

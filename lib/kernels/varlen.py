@@ -11,6 +11,15 @@ which they hand down to the attention function untouched. We register one such f
 A model whose `config._attn_implementation` is `NAME` has no mask function registered for it, so Hugging Face builds
 no (T, T) mask at all (its rule for attention backends that bring their own masking).
 
+Shared prompts (lib/train/scoring.pack(..., share_prompts=True), 03's --share-prompts): a prompt sampled n times is laid
+out ONCE, followed by its n responses, and each response's queries see that prompt plus their own response. The row
+is cut into query segments (the prompt, then each response) with boundaries `cu_seq_lens_q`; each segment's keys
+are rows `KV_INDEX` of the row's own keys and values (a response segment's: its prompt, then itself), gathered into
+a second packed layout with boundaries `cu_seq_lens_k`. Causal within a segment is bottom-right aligned: query j of a
+segment of Lq queries and Lk keys sees keys 0 … j + Lk − Lq, so a response's token sees the whole prompt and the
+response up to itself, as in its own unshared row. The gather's backward adds each prompt key's gradient from the n + 1
+segments that read it.
+
 Why: with padding, a micro-batch costs rows × longest; packed, it costs Σ L_i, and a padding mask keeps SDPA on a
 masked kernel. At the 1.5B shape on one H200 (prompts of 60–260 tokens + 400 response tokens, bench/profile_step.py)
 packing cut the scoring matmul time by 14–18 % and its attention from 0.53 s to 0.25 s (bench/RESULTS.md).
@@ -24,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 NAME = "opd_varlen"
+KV_INDEX = "opd_kv_index"        # the keyword a shared-prompt batch passes: which rows of K/V each key segment reads
 
 
 def register() -> None:
@@ -48,8 +58,10 @@ def cu_seqlens(lengths: list[int]) -> torch.Tensor:
 def attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None,
               **kwargs):
     """Hugging Face's attention-function contract: query (1, Hq, T, D), key/value (1, Hkv, T, D) → ((1, T, Hq, D),
-    None). Needs `cu_seq_lens_q` and `max_length_q` in kwargs (lib/train/scoring.py's packed Batch passes them)."""
+    None). Needs `cu_seq_lens_q` and `max_length_q` in kwargs (lib/train/scoring.py's packed Batch passes them); a
+    shared-prompt batch also passes `KV_INDEX`, `cu_seq_lens_k` and `max_length_k` (the module docstring)."""
     cu, max_len = kwargs.get("cu_seq_lens_q"), kwargs.get("max_length_q")
+    kv_index = kwargs.get(KV_INDEX)
     if cu is None or max_len is None:
         raise ValueError(f"attention {NAME!r} needs a packed batch (cu_seq_lens_q, max_length_q): build the batch with "
                          f"lib.train.scoring.pack(..., packed=True), or build the model without packing")
@@ -59,21 +71,31 @@ def attention(module, query, key, value, attention_mask, dropout: float = 0.0, s
         raise ValueError("packed attention has no dropout (the trainer never uses it)")
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))           # (T, H, D)
     scale = scaling if scaling is not None else q.shape[-1] ** -0.5
+    cu_k, max_k = None, None
+    if kv_index is not None:                                                # shared prompts: the keys each segment reads
+        cu_k, max_k = kwargs.get("cu_seq_lens_k"), kwargs.get("max_length_k")
+        if cu_k is None or max_k is None:
+            raise ValueError(f"attention {NAME!r}: {KV_INDEX} given without cu_seq_lens_k and max_length_k")
+        k, v = k.index_select(0, kv_index), v.index_select(0, kv_index)
+        cu_k = cu_k.to(q.device, torch.int32)
     fast = q.is_cuda and q.dtype in (torch.bfloat16, torch.float16) and _VARLEN is not None
-    out = (_flash if fast else reference)(q, k, v, cu.to(q.device, torch.int32), max_len, scale)
+    out = (_flash if fast else reference)(q, k, v, cu.to(q.device, torch.int32), max_len, scale, cu_k, max_k)
     return out[None], None
 
 
-def reference(q, k, v, cu, max_len, scale):
-    """(T, Hq, D) causal attention within each [cu[i], cu[i+1]) span: one SDPA call per sequence (the fallback)."""
+def reference(q, k, v, cu, max_len, scale, cu_k=None, max_k=None):
+    """(T, Hq, D) causal attention within each segment, queries q[cu[i]:cu[i+1]] against keys k[cu_k[i]:cu_k[i+1]]
+    (cu_k None: the same spans), causal aligned bottom-right: one SDPA call per segment (the fallback)."""
     groups = q.shape[1] // k.shape[1]
     out = torch.empty_like(q)
-    bounds = cu.tolist()
-    for a, b in zip(bounds[:-1], bounds[1:]):
-        qs, ks, vs = q[a:b].transpose(0, 1), k[a:b].transpose(0, 1), v[a:b].transpose(0, 1)      # (H, L, D)
+    bq, bk = cu.tolist(), (cu if cu_k is None else cu_k).tolist()
+    for a, b, c, d in zip(bq[:-1], bq[1:], bk[:-1], bk[1:]):
+        qs, ks, vs = q[a:b].transpose(0, 1), k[c:d].transpose(0, 1), v[c:d].transpose(0, 1)      # (H, L, D)
         if groups > 1:
             ks, vs = ks.repeat_interleave(groups, 0), vs.repeat_interleave(groups, 0)
-        out[a:b] = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale).transpose(0, 1)
+        lq, lk = b - a, d - c          # query j sees keys ≤ j + lk − lq (SDPA's is_causal aligns top-left)
+        see = torch.arange(lk, device=q.device)[None, :] <= torch.arange(lq, device=q.device)[:, None] + (lk - lq)
+        out[a:b] = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=see, scale=scale).transpose(0, 1)
     return out
 
 
@@ -101,11 +123,11 @@ _VARLEN, _VARLEN_KW = _find_varlen()
 EAGER = os.environ.get("OPD_VARLEN_EAGER") == "1"
 
 
-def _flash(q, k, v, cu, max_len, scale):
-    return (_flash_outside_graph if EAGER else _flash_kernel)(q, k, v, cu, max_len, scale)
+def _flash(q, k, v, cu, max_len, scale, cu_k=None, max_k=None):
+    return (_flash_outside_graph if EAGER else _flash_kernel)(q, k, v, cu, max_len, scale, cu_k, max_k)
 
 
-def _flash_kernel(q, k, v, cu, max_len, scale):
+def _flash_kernel(q, k, v, cu, max_len, scale, cu_k=None, max_k=None):
     kw = dict(_VARLEN_KW)
     if "enable_gqa" not in kw and k.shape[1] != q.shape[1]:
         groups = q.shape[1] // k.shape[1]
@@ -114,7 +136,9 @@ def _flash_kernel(q, k, v, cu, max_len, scale):
         kw["scale"] = scale
     elif abs(scale - q.shape[-1] ** -0.5) > 1e-12:
         raise NotImplementedError("this torch's varlen_attn has no scale argument; the model's scale is not 1/√D")
-    return _VARLEN(q.contiguous(), k.contiguous(), v.contiguous(), cu, cu, max_len, max_len, **kw)
+    if cu_k is None:
+        cu_k, max_k = cu, max_len
+    return _VARLEN(q.contiguous(), k.contiguous(), v.contiguous(), cu, cu_k, max_len, max_k, **kw)
 
 
 _flash_outside_graph = torch.compiler.disable(_flash_kernel)

@@ -24,7 +24,9 @@ class Batch:
     """One micro-batch of sequences (prompt + response). N = number of response tokens.
     Padded: B rows, right-padded, `attention_mask_BT` marks the real tokens. Packed (lib/kernels/varlen.py): one row of
     every sequence end to end, no mask, `position_ids_BT` restarting at each sequence and `cu_seqlens` its
-    boundaries."""
+    boundaries. Packed with shared prompts: each distinct prompt once, followed by the responses drawn from it;
+    `cu_seqlens` cuts the row into query segments (a prompt, a response), `kv_index` and `cu_seqlens_k` say which
+    keys each segment attends to (lib/kernels/varlen.py's module docstring)."""
     input_ids_BT: torch.Tensor
     attention_mask_BT: torch.Tensor | None
     rows_N: torch.Tensor          # batch row of each response token
@@ -32,8 +34,11 @@ class Batch:
     targets_N: torch.Tensor       # the realized response token ids
     seq_of_N: torch.Tensor        # index (within the micro-batch) of the sequence each token belongs to
     position_ids_BT: torch.Tensor | None = None     # packed only
-    cu_seqlens: torch.Tensor | None = None          # packed only: [0, L_0, L_0 + L_1, …], int32
-    max_len: int = 0                                # packed only: the longest sequence
+    cu_seqlens: torch.Tensor | None = None          # packed only: [0, L_0, L_0 + L_1, …], int32 (shared: the segments)
+    max_len: int = 0                                # packed only: the longest sequence (shared: segment)
+    kv_index: torch.Tensor | None = None            # shared prompts only: the rows each segment's keys are read from
+    cu_seqlens_k: torch.Tensor | None = None        # shared prompts only: the key segments' boundaries, int32
+    max_len_k: int = 0                              # shared prompts only: the longest key segment
 
     @property
     def packed(self) -> bool:
@@ -62,13 +67,20 @@ def sampler_gap(sampler_Ns: list[torch.Tensor], scored_Ns: list[torch.Tensor]) -
             sum(s.isfinite().sum() for s in sampler_Ns))
 
 
-def pack(prompts: list[list[int]], responses: list[list[int]], pad_id: int, packed: bool = False) -> Batch:
-    """Prompt+response pairs as one micro-batch, response tokens indexed: right-padded rows, or (`packed`) one row
-    with no padding at all (lib/kernels/varlen.py). The same N response tokens in the same order either way."""
-    lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
+def as_long(x):
+    return torch.tensor(x, dtype=torch.long)
 
-    def as_long(x):
-        return torch.tensor(x, dtype=torch.long)
+
+def pack(prompts: list[list[int]], responses: list[list[int]], pad_id: int, packed: bool = False,
+         share_prompts: bool = False) -> Batch:
+    """Prompt+response pairs as one micro-batch, response tokens indexed: right-padded rows, or (`packed`) one row
+    with no padding at all (lib/kernels/varlen.py), or (`share_prompts`, packed) one row in which equal prompts are
+    laid out once (pack_shared). The same N response tokens in the same order every way."""
+    if share_prompts:
+        if not packed:
+            raise ValueError("shared prompts need a packed batch: pack(..., packed=True, share_prompts=True)")
+        return pack_shared(prompts, responses)
+    lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
 
     rows, cols, targets, seq = [], [], [], []
     if packed:
@@ -93,6 +105,48 @@ def pack(prompts: list[list[int]], responses: list[list[int]], pad_id: int, pack
         targets += r
         seq += [b] * len(r)
     return Batch(ids, mask, as_long(rows), as_long(cols), as_long(targets), as_long(seq))
+
+
+def pack_shared(prompts: list[list[int]], responses: list[list[int]]) -> Batch:
+    """The packed layout with each distinct prompt forwarded once: for every distinct prompt (in order of first
+    appearance) the prompt, then each response drawn from it (in the micro-batch's order). Query segments: the
+    prompt, then each response; a prompt segment's keys are its own tokens, a response segment's its prompt's and
+    then its own, so every response token attends to exactly what it would in its own row, at the same positions.
+    The N response tokens stay in the micro-batch's sequence order (rows_N, cols_N gather them from the row). Equal
+    prompts need not be adjacent; a prompt drawn once costs a copy of its keys and nothing else."""
+    groups: dict[tuple, list[int]] = {}
+    for b, p in enumerate(prompts):
+        if not p:
+            raise ValueError(f"sequence {b} has an empty prompt: the first response token has no hidden state")
+        groups.setdefault(tuple(p), []).append(b)
+    ids, pos, seg_q, kv_index, seg_k = [], [], [], [], []
+    first_col = {}                     # b → the row index of its response's first token's predictor (prompt's last)
+    resp_start = {}                    # b → where its response begins in the row
+    for prompt, members in groups.items():
+        p0, L = len(ids), len(prompt)
+        ids += prompt
+        pos += range(L)
+        seg_q.append(L)
+        kv_index += range(p0, p0 + L)
+        seg_k.append(L)
+        for b in members:
+            r = responses[b]
+            first_col[b], resp_start[b] = p0 + L - 1, len(ids)
+            if not r:
+                continue
+            ids += r
+            pos += range(L, L + len(r))
+            seg_q.append(len(r))
+            kv_index += list(range(p0, p0 + L)) + list(range(resp_start[b], resp_start[b] + len(r)))
+            seg_k.append(L + len(r))
+    cols, targets, seq = [], [], []
+    for b, r in enumerate(responses):          # N in the micro-batch's order, as pack() lays it out
+        cols += [first_col[b]] + list(range(resp_start[b], resp_start[b] + len(r) - 1)) if r else []
+        targets += r
+        seq += [b] * len(r)
+    return Batch(as_long(ids)[None], None, torch.zeros(len(targets), dtype=torch.long), as_long(cols),
+                 as_long(targets), as_long(seq), as_long(pos)[None], varlen.cu_seqlens(seg_q), max(seg_q),
+                 as_long(kv_index), varlen.cu_seqlens(seg_k), max(seg_k))
 
 
 GATHER_CHUNK_ELEMS = 1 << 24          # gather_logits upcasts at most this many weight elements at a time
@@ -172,6 +226,9 @@ class TokenScorer(nn.Module):
                              f"{'packed' if self.packed else 'padded'} ones: pack(..., packed={self.packed})")
         kw = dict(position_ids=batch.position_ids_BT, cu_seq_lens_q=batch.cu_seqlens, cu_seq_lens_k=batch.cu_seqlens,
                   max_length_q=batch.max_len, max_length_k=batch.max_len) if batch.packed else {}
+        if batch.kv_index is not None:          # shared prompts: each segment's keys (lib/kernels/varlen.py)
+            kw |= {"cu_seq_lens_k": batch.cu_seqlens_k, "max_length_k": batch.max_len_k,
+                   varlen.KV_INDEX: batch.kv_index}
         out = self.lm.model(input_ids=batch.input_ids_BT, attention_mask=batch.attention_mask_BT, use_cache=False,
                             **kw)
         h = out.last_hidden_state[batch.rows_N, batch.cols_N]          # (N, H)
