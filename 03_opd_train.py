@@ -138,6 +138,9 @@ def parse_args(argv=None):
     a("--packing", default="auto", choices=["auto", "on", "off"],
       help="padding-free micro-batches (lib/kernels/varlen.py): sequences end to end, FlashAttention varlen on CUDA; "
            "auto: on on CUDA, off on CPU")
+    a("--share-prompts", action="store_true",
+      help="ours, exact: in packed micro-batches each prompt is forwarded once for all its rollouts, scoring and "
+           "update alike, and each response attends to it (lib/train/scoring.pack_shared); needs --packing on")
     a("--scoring", default="fused-linear", choices=["fused-linear", "logits"],
       help="project hidden states tile by tile (logits never exist) or materialise logits then the kernel")
     a("--resume", action="store_true", help="an alias: rerunning the same command always continues the run")
@@ -177,6 +180,9 @@ def parse_args(argv=None):
                 "hf (vLLM returns no entropy, and its top-K log-probs only as Python objects per token)")
     cuda = torch.cuda.is_available()                     # both recorded as what ran: on or off
     args.compile, args.packing = resolve_auto(args.compile, cuda), resolve_auto(args.packing, cuda, "--packing")
+    if args.share_prompts and not args.packing:
+        p.error("--share-prompts lays each prompt out once in a packed micro-batch: add --packing on (off is the CPU "
+                "default)")
     return args
 
 
@@ -298,7 +304,7 @@ def micro_batch_loss(student, mb, kl_coef, n_tokens, clip_eps, old_from_update=F
 # --- the step's metrics (step 5) ---
 
 def step_metrics(step, args, d, clock, *, mbs, outs, prompts, upd, n_tok, reward_pair_mean, reward_token_mean,
-                 grad_norm, kl_coef, skipped, plan, score_plan, seq_lens, n_params, peak, bf16):
+                 grad_norm, kl_coef, skipped, plan, score_plan, score_fwd_tokens, seq_lens, n_params, peak, bf16):
     """Step 5 (DESIGN.md §7.4): the step's line of metrics.jsonl, its keys in the order they are written. Named sums
     are reduced across ranks and each metric sits beside the sums it divides; times and memory come from `clock`,
     whose step ends here. `prompts` are this rank's rollout prompts (one per rollout), `plan` and `score_plan` its
@@ -332,7 +338,10 @@ def step_metrics(step, args, d, clock, *, mbs, outs, prompts, upd, n_tok, reward
              # --student-scores sampler: Σ |sampler − update| over the (token, candidate) pairs, and their count
              "cand_gap": sum((mb["old_topk"] - mb["update_topk"]).abs().sum() for mb in mbs) if sampler_scores else 0,
              "cand_pairs": sum(mb["update_topk"].numel() for mb in mbs) if sampler_scores else 0,
-             "prompt_tokens": sum(len(p) for p in prompts)}
+             "prompt_tokens": sum(len(p) for p in prompts),
+             # the tokens one model's forwards ran (--share-prompts: a prompt once per micro-batch it is shared in)
+             "fwd_tokens": sum(mb["batch"].tokens for mb in mbs),
+             "score_fwd_tokens": score_fwd_tokens}
     s = dict(zip(local, D.all_sum(*(float(v) for v in local.values()), device=d.device)))
     mx = dict(zip(["len_max", "len_neg_min", "pair_max", "pair_neg_min"],
                   D.all_max(max(lens), -min(lens), pairs.max().item(), -pairs.min().item(), device=d.device)))
@@ -383,7 +392,9 @@ def step_metrics(step, args, d, clock, *, mbs, outs, prompts, upd, n_tok, reward
             "perf/micro_batch_sizes": [len(i) for i in plan],            # rank 0's
             "perf/score_micro_batch_sizes": [len(i) for i in score_plan],
             "perf/padding_frac": 1 - sum(seq_lens) / sum(len(i) * max(seq_lens[j] for j in i) for i in plan),
-            "perf/mfu": (6 * n_params * all_tokens / ts["update"] / (peak * 1e12 * W)) if peak else None,
+            "perf/forwarded_tokens": s["fwd_tokens"],
+            "perf/score_forwarded_tokens": s["score_fwd_tokens"],
+            "perf/mfu": (6 * n_params * s["fwd_tokens"] / ts["update"] / (peak * 1e12 * W)) if peak else None,
             "memory/max_allocated_gb": max(gb.values()) if bf16 else None,
             **{f"memory/peak_gb_{k}": v for k, v in gb.items()}}
 
@@ -547,11 +558,13 @@ def main(argv=None):
         resp, P = [o.token_ids for o in outs], req_prompts
 
         def packed(idx):
-            return pack([P[i] for i in idx], [resp[i] for i in idx], pad_id, args.packing).to(d.device)
+            return pack([P[i] for i in idx], [resp[i] for i in idx], pad_id, args.packing,
+                        args.share_prompts).to(d.device)
 
         scored = [score_micro_batch(student, teachers, ref, packed(idx), K, [outs[i] for i in idx],
                                     stop_t if args.eos_policy == "conditional" else None)
                   for idx in score_plan]
+        score_fwd_tokens = sum(mb["batch"].tokens for mb in scored)
         mbs = scored if score_plan == plan else [
             mb | {"batch": packed(idx)} for mb, idx in zip(regroup(scored, score_plan, plan, list(map(len, resp)),
                                                                   skip="batch"), plan)]
@@ -617,7 +630,8 @@ def main(argv=None):
         # 5. metrics (DESIGN.md §7.4): named sums across ranks, each metric beside the sums it divides
         m = step_metrics(step, args, d, clock, mbs=mbs, outs=outs, prompts=req_prompts, upd=upd, n_tok=n_tok,
                          reward_pair_mean=reward_pair_mean, reward_token_mean=reward_token_mean, grad_norm=grad_norm,
-                         kl_coef=kl.coef, skipped=skipped, plan=plan, score_plan=score_plan, seq_lens=seq_lens,
+                         kl_coef=kl.coef, skipped=skipped, plan=plan, score_plan=score_plan,
+                         score_fwd_tokens=score_fwd_tokens, seq_lens=seq_lens,
                          n_params=n_params, peak=peak, bf16=bf16)
         events = watch.update(step, m["response_length/clip_ratio"], m["response_length/mean"])
         if d.main:

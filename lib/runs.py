@@ -40,7 +40,7 @@ RECORDED_SINCE = ("pair_name", "pair_sha256")
 # flags added to 03 after runs were recorded, with the value every run before them ran with: a run that does not
 # record one ran with that value (settings_diff; lib/report/conditions.run_settings, so that such a run and a new run
 # of the same settings are one condition)
-ADDED_WITH_DEFAULT = {"truncated_policy": "raw", "student_scores": "recompute"}
+ADDED_WITH_DEFAULT = {"truncated_policy": "raw", "student_scores": "recompute", "share_prompts": False}
 
 
 # --- the run lock ---

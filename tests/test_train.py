@@ -235,3 +235,23 @@ def test_sampler_scores_train_as_the_recomputed_scores(world, tmp_path):
                         tmp_path / "sampler/train/delta-topk/step_000003", 1e-5)
     r = train(*SMALL, "--student-scores=sampler", "--backend=vllm", f"--run-dir={tmp_path}", check=False)
     assert r.returncode != 0 and "--student-scores sampler" in r.stderr and "--backend hf" in r.stderr
+
+
+def test_shared_prompts_train_as_unshared_packing(world, tmp_path):
+    """`--share-prompts` (each prompt forwarded once for its rollouts, lib/train/scoring.pack_shared) trains as plain
+    packing does: after 3 steps the same metrics and weights, to float rounding (CPU, fp32). Without packing it is
+    refused by name."""
+    common = [*SMALL, "--reward=delta-topk", "--steps=3", "--save-every=3", "--packing=on"]
+    train(*common, f"--run-dir={tmp_path / 'plain'}")
+    train(*common, f"--run-dir={tmp_path / 'sharing'}", "--share-prompts")
+    a, b = (metrics(tmp_path / r / "train/delta-topk") for r in ("plain", "sharing"))
+    assert all(r["actor/ppo_kl"] == 0 for r in b)                          # scoring and update: the same layout
+    # the prompts really were shared: the forwards ran fewer tokens than the step holds (a prompt of 2 rollouts once)
+    assert all(r["perf/forwarded_tokens"] == r["perf/score_forwarded_tokens"] == r["perf/tokens"] for r in a)
+    assert all(r["perf/forwarded_tokens"] < r["perf/tokens"] and r["perf/score_forwarded_tokens"] < r["perf/tokens"]
+               for r in b)
+    assert_same_metrics(a, b, rel=1e-4, count_abs=2e-3)                   # perf/ is not compared
+    assert_same_weights(tmp_path / "plain/train/delta-topk/step_000003",
+                        tmp_path / "sharing/train/delta-topk/step_000003", 1e-5)
+    r = train(*SMALL, "--share-prompts", "--packing=off", f"--run-dir={tmp_path / 'off'}", check=False)
+    assert r.returncode != 0 and "--share-prompts" in r.stderr and "--packing on" in r.stderr

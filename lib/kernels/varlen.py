@@ -72,7 +72,7 @@ def attention(module, query, key, value, attention_mask, dropout: float = 0.0, s
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))           # (T, H, D)
     scale = scaling if scaling is not None else q.shape[-1] ** -0.5
     cu_k, max_k = None, None
-    if kv_index is not None:                                                # shared prompts: the keys each segment reads
+    if kv_index is not None:                          # shared prompts: the keys each segment reads (module docstring)
         cu_k, max_k = kwargs.get("cu_seq_lens_k"), kwargs.get("max_length_k")
         if cu_k is None or max_k is None:
             raise ValueError(f"attention {NAME!r}: {KV_INDEX} given without cu_seq_lens_k and max_length_k")

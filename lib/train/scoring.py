@@ -39,6 +39,7 @@ class Batch:
     kv_index: torch.Tensor | None = None            # shared prompts only: the rows each segment's keys are read from
     cu_seqlens_k: torch.Tensor | None = None        # shared prompts only: the key segments' boundaries, int32
     max_len_k: int = 0                              # shared prompts only: the longest key segment
+    tokens: int = 0                                 # tokens one forward runs, padding not counted (perf/ metrics)
 
     @property
     def packed(self) -> bool:
@@ -93,7 +94,7 @@ def pack(prompts: list[list[int]], responses: list[list[int]], pad_id: int, pack
         ids = as_long([t for p, r in zip(prompts, responses) for t in p + r])[None]
         pos = as_long([i for n in lengths for i in range(n)])[None]
         return Batch(ids, None, torch.zeros(len(targets), dtype=torch.long), as_long(cols), as_long(targets),
-                     as_long(seq), pos, varlen.cu_seqlens(lengths), max(lengths))
+                     as_long(seq), pos, varlen.cu_seqlens(lengths), max(lengths), tokens=sum(lengths))
     T = max(lengths)
     ids = torch.full((len(prompts), T), pad_id, dtype=torch.long)
     mask = torch.zeros((len(prompts), T), dtype=torch.long)
@@ -104,7 +105,7 @@ def pack(prompts: list[list[int]], responses: list[list[int]], pad_id: int, pack
         cols += range(len(p) - 1, len(p) + len(r) - 1)
         targets += r
         seq += [b] * len(r)
-    return Batch(ids, mask, as_long(rows), as_long(cols), as_long(targets), as_long(seq))
+    return Batch(ids, mask, as_long(rows), as_long(cols), as_long(targets), as_long(seq), tokens=sum(lengths))
 
 
 def pack_shared(prompts: list[list[int]], responses: list[list[int]]) -> Batch:
@@ -146,7 +147,7 @@ def pack_shared(prompts: list[list[int]], responses: list[list[int]]) -> Batch:
         seq += [b] * len(r)
     return Batch(as_long(ids)[None], None, torch.zeros(len(targets), dtype=torch.long), as_long(cols),
                  as_long(targets), as_long(seq), as_long(pos)[None], varlen.cu_seqlens(seg_q), max(seg_q),
-                 as_long(kv_index), varlen.cu_seqlens(seg_k), max(seg_k))
+                 as_long(kv_index), varlen.cu_seqlens(seg_k), max(seg_k), tokens=len(ids))
 
 
 GATHER_CHUNK_ELEMS = 1 << 24          # gather_logits upcasts at most this many weight elements at a time
