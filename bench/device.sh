@@ -61,8 +61,9 @@
 #                 source_step_train.log
 #   step-floor    each phase of a step against its floor (bench/step_floor.py) on METRICS, default the metrics the
 #                 step part (else the colocated part) wrote in $OUT → step_floor.{json,md}
-#   profile-step  03's scoring and update per kernel class, packed, update micro-batch 16 and 32 (bench/profile_step.py)
-#                 → profile_step.json
+#   profile-step  03's scoring and update per kernel class, packed, update micro-batch 16 and 32 (bench/profile_step.py;
+#                 PROFILE_STEP_ARGS adds its flags, e.g. "--rollouts 4 --variants on:64:16,shared:64:16" for 03's
+#                 --share-prompts beside plain packing) → profile_step.json
 #   vllm-stash    offline vLLM, part 1: copy the wheel chunks carried in $VW/*/ (default .vw) into $VW_STORE
 #                 (default /root/vwstore), which outlives the call on a warm machine. A call carries ≤ 64 MiB, so
 #                 vLLM's wheels travel in several calls, one chunk each.
@@ -81,8 +82,9 @@
 # 03 flags, e.g. "--no-vllm-sleep --gpu-memory-utilization 0.15" or "--seed 7"); GPU_MEM (0.3); GAP_EVERY (4);
 # METRICS; METHODS; METHODS7; REPEATS (1); R_SHARE (requests per distinct prompt in the rollout parts, default 1; 4 as
 # 03 asks for its rollouts: bench/rollout.py --share); VLLM_MODES ("inprocess multiprocess"); VLLM_FIRST; R_BATCHES,
-# R_LENGTHS, R7_BATCHES, R7_LENGTHS; PROFILE_VARIANTS; ATTN7_TILINGS; OLD_TILINGS; BEST and BEST7 (a tiling instead
-# of the chosen one; METHODS, METHODS7 and PROFILE_VARIANTS spell them BEST and BEST7, as in ours@BEST).
+# R_LENGTHS, R7_BATCHES, R7_LENGTHS; PROFILE_VARIANTS; PROFILE_STEP_ARGS; ATTN7_TILINGS; OLD_TILINGS; BEST and BEST7
+# (a tiling instead of the chosen one; METHODS, METHODS7 and PROFILE_VARIANTS spell them BEST and BEST7, as in
+# ours@BEST).
 # TINY=1: the tiny random shape and small sizes, which run on a CPU (kernel, update, sampling, attention, decode-step,
 # rollouts, rollouts-7b, checks, prefill, profile-step; the GPU tests and varlen_check are skipped without CUDA).
 #
@@ -459,7 +461,9 @@ part_step_floor() {
 
 part_profile_step() {
   if [ "$TINY" = 1 ]; then set -- --shape tiny --seqs 8 --resp 16 --reps 1; else set -- --shape qwen2.5-1.5b; fi
-  measure profile-step "$(lim 500)" quiet python3 bench/profile_step.py "$@" --out "$OUT/profile_step.json"
+  # shellcheck disable=SC2086
+  measure profile-step "$(lim 500)" quiet python3 bench/profile_step.py "$@" ${PROFILE_STEP_ARGS:-} \
+    --out "$OUT/profile_step.json"
 }
 
 part_vllm_stash() {

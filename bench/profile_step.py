@@ -4,10 +4,13 @@ Builds what 03 builds at a lib/shapes.py shape, with random weights: the student
 compute) and three frozen bf16 scorers (π_pre, π_post, the reference), each decoder layer compiled (`--compile`), and
 runs 03's own step 2 → 4 functions (score_micro_batch, opd.advantages, micro_batch_loss + backward, AdamW) on S
 synthetic rollouts: prompts of uniformly random length in [--prompt-min, --prompt-max] tokens (the MATH prompts under
-the chat template are ~60–260), every response --resp tokens (random weights never stop). For each variant
-(`--variants`: packing off|on, scoring micro-batch sequences, update micro-batch sequences):
+the chat template are ~60–260), each drawn --rollouts times in a row as 03 draws them (default 1: every rollout its
+own prompt, as every run before --rollouts measured), every response --resp tokens (random weights never stop). For
+each variant (`--variants`: packing off|on|shared — shared is 03's --share-prompts —, scoring micro-batch sequences,
+update micro-batch sequences):
   - wall seconds of score / update / optimizer, median of --reps steps after one warm-up step;
-  - % of floor: score 2·P·T·M / R, update 6·P·T / R (T = real tokens, M = 4 models, R = the measured bf16 matmul
+  - % of floor: score 2·P·Ts·M / R, update 6·P·Tu / R (Ts, Tu = the tokens the variant's scoring and update
+    forwards run: every real token, a shared prompt once per micro-batch; M = 4 models, R = the measured bf16 matmul
     rate of bench/step_floor.py), and the update's MFU against --peak-tflops;
   - one profiled step: device time per kernel class (matmul, attention, Triton = ours + Inductor's, copies /
     elementwise, collectives, other), the largest kernels, and the device-idle share (wall − kernel time) / wall.
@@ -99,10 +102,12 @@ def main():
     p.add_argument("--resp", type=int, default=400)
     p.add_argument("--prompt-min", type=int, default=60)
     p.add_argument("--prompt-max", type=int, default=260)
+    p.add_argument("--rollouts", type=int, default=1, help="rollouts per prompt, consecutive (03: 4)")
     p.add_argument("--topk", type=int, default=16)
     p.add_argument("--variants", default="on:64:16,on:64:32",
-                   help="packing:score-seqs:update-seqs, comma-separated (default: 03's packing, its update "
-                        "micro-batch 16 and 32; off:64:16 adds the padded batches)")
+                   help="packing:score-seqs:update-seqs, comma-separated, packing off|on|shared (default: 03's "
+                        "packing, its update micro-batch 16 and 32; off:64:16 adds the padded batches, shared:64:16 "
+                        "03's --share-prompts, with --rollouts > 1)")
     p.add_argument("--reps", type=int, default=3, help="timed steps after the warm-up (median reported)")
     p.add_argument("--compile", default="auto", choices=["auto", "on", "off"])
     p.add_argument("--peak-tflops", type=float, default=989.0)
@@ -129,25 +134,33 @@ def main():
     optim = torch.optim.AdamW(student.parameters(), lr=1e-7)
     V = lm.config.vocab_size
     g = torch.Generator().manual_seed(0)
-    plens = torch.randint(args.prompt_min, args.prompt_max + 1, (args.seqs,), generator=g).tolist()
-    prompts = [torch.randint(0, V, (n,), generator=g).tolist() for n in plens]
+    n_prompts = -(-args.seqs // args.rollouts)
+    plens = torch.randint(args.prompt_min, args.prompt_max + 1, (n_prompts,), generator=g).tolist()
+    prompts = [p for n in plens for p in [torch.randint(0, V, (n,), generator=g).tolist()] * args.rollouts]
+    prompts, plens = prompts[:args.seqs], [len(p) for p in prompts[:args.seqs]]
     resp = [torch.randint(0, V, (args.resp,), generator=g).tolist() for _ in plens]
     outs = [Completion(token_ids=r, text="", logprobs=[0.0] * len(r), finish_reason="length") for r in resp]
     T = sum(plens) + args.seqs * args.resp
     lens = [len(a) + len(b) for a, b in zip(prompts, resp)]
     M = 1 + len(teachers) + 1
-    score_floor, update_floor = 2 * P * T * M / rates["matmul_flops"], 6 * P * T / rates["matmul_flops"]
 
     def sync():
         torch.cuda.synchronize() if cuda else None
 
-    def score_phase(packed, score_seqs, upd_seqs):
+    def batch(idx, packed, shared):
+        return pack([prompts[i] for i in idx], [resp[i] for i in idx], 0, packed, shared).to(d.device)
+
+    def forwarded(packed, shared, seqs):
+        """Tokens one model's forwards run over micro-batches of `seqs` sequences (a shared prompt once in each)."""
+        return sum(pack([prompts[i] for i in idx], [resp[i] for i in idx], 0, packed, shared).tokens
+                   for idx in micro_batch_plan(lens, seqs))
+
+    def score_phase(packed, shared, score_seqs, upd_seqs):
         """03's steps 2-3: scoring micro-batches, regrouped into the update's, delta-topk advantages."""
-        batch = lambda idx: pack([prompts[i] for i in idx], [resp[i] for i in idx], 0, packed).to(d.device)  # noqa
         splan, uplan = micro_batch_plan(lens, score_seqs), micro_batch_plan(lens, upd_seqs)
-        scored = [m03.score_micro_batch(student, teachers, ref, batch(idx), args.topk, [outs[i] for i in idx])
-                  for idx in splan]
-        mbs = [mb | {"batch": batch(idx)} for mb, idx in
+        scored = [m03.score_micro_batch(student, teachers, ref, batch(idx, packed, shared), args.topk,
+                                        [outs[i] for i in idx]) for idx in splan]
+        mbs = [mb | {"batch": batch(idx, packed, shared)} for mb, idx in
                zip(regroup(scored, splan, uplan, [len(r) for r in resp], skip="batch"), uplan)]
         for mb in mbs:
             mb["adv"], _ = opd.advantages("delta-topk", mb["lp_t"], mb["old_N"], mb["old_topk"])
@@ -177,36 +190,41 @@ def main():
     results = {"meta": {"shape": args.shape, "params": P, "tokens": T, "seqs": args.seqs, "resp": args.resp,
                         "prompt_range": [args.prompt_min, args.prompt_max], "models_scored": M, "compile": comp,
                         "device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
-                        "score_floor_s": score_floor, "update_floor_s": update_floor, "rates": rates},
+                        "rollouts_per_prompt": args.rollouts, "rates": rates},
                "variants": []}
     first = {}
     for spec in args.variants.split(","):
         pk, ss, us = spec.split(":")
-        packed, ss, us = pk == "on", int(ss), int(us)
+        if pk not in ("off", "on", "shared"):
+            raise SystemExit(f"variant {spec!r}: packing is off, on or shared")
+        packed, shared, ss, us = pk != "off", pk == "shared", int(ss), int(us)
+        Ts, Tu = forwarded(packed, shared, ss), forwarded(packed, shared, us)
+        score_floor, update_floor = 2 * P * Ts * M / rates["matmul_flops"], 6 * P * Tu / rates["matmul_flops"]
         for s in everyone:
             set_packing(s, packed)
         torch.cuda.reset_peak_memory_stats() if cuda else None
-        scored, mbs = score_phase(packed, ss, us)                   # warm-up (compiles)
+        scored, mbs = score_phase(packed, shared, ss, us)           # warm-up (compiles)
         update_phase(mbs)
         optimizer_phase()
-        first.setdefault(packed, scored[0]["old_N"].float().cpu())
+        first.setdefault(pk, scored[0]["old_N"].float().cpu())
         times = []
         for _ in range(args.reps):
-            (_, mbs), t_s = timed(score_phase, packed, ss, us)
+            (_, mbs), t_s = timed(score_phase, packed, shared, ss, us)
             _, t_u = timed(update_phase, mbs)
             _, t_o = timed(optimizer_phase)
             times.append((t_s, t_u, t_o))
         sc, up, op = (statistics.median(x) for x in zip(*times))
-        row = {"variant": spec, "packing": packed, "score_seqs": ss, "update_seqs": us, "score_s": sc,
-               "update_s": up, "optimizer_s": op, "score_pct_of_floor": 100 * score_floor / sc,
-               "update_pct_of_floor": 100 * update_floor / up,
-               "update_mfu_pct": 100 * 6 * P * T / up / (args.peak_tflops * 1e12) if cuda else None,
+        row = {"variant": spec, "packing": packed, "shared_prompts": shared, "score_seqs": ss, "update_seqs": us,
+               "score_tokens": Ts, "update_tokens": Tu, "score_s": sc, "update_s": up, "optimizer_s": op,
+               "score_floor_s": score_floor, "update_floor_s": update_floor,
+               "score_pct_of_floor": 100 * score_floor / sc, "update_pct_of_floor": 100 * update_floor / up,
+               "update_mfu_pct": 100 * 6 * P * Tu / up / (args.peak_tflops * 1e12) if cuda else None,
                "peak_gb": torch.cuda.max_memory_allocated() / 2**30 if cuda else None}
         print(json.dumps(row), flush=True)
         if not args.no_profile:
             box = {}
-            row["profile"] = {"score": profile_table(lambda: box.setdefault("mbs", score_phase(packed, ss, us)[1]),
-                                                     cuda),
+            row["profile"] = {"score": profile_table(
+                lambda: box.setdefault("mbs", score_phase(packed, shared, ss, us)[1]), cuda),
                               "update": profile_table(lambda: update_phase(box["mbs"]), cuda)}
             optimizer_phase()
             for phase, pr in row["profile"].items():
@@ -215,9 +233,12 @@ def main():
                 for kk in pr["top"]:
                     print(f"    {kk['s']:7.3f} s  {kk['calls']:6d}×  {kk['name']}")
         results["variants"].append(row)
-    if True in first and False in first:
-        results["meta"]["packed_vs_padded_max_abs_lp"] = (first[True] - first[False]).abs().max().item()
+    if "on" in first and "off" in first:
+        results["meta"]["packed_vs_padded_max_abs_lp"] = (first["on"] - first["off"]).abs().max().item()
         print(json.dumps({"packed_vs_padded_max_abs_topk_lp": results["meta"]["packed_vs_padded_max_abs_lp"]}))
+    if "on" in first and "shared" in first:
+        results["meta"]["shared_vs_packed_max_abs_lp"] = (first["shared"] - first["on"]).abs().max().item()
+        print(json.dumps({"shared_vs_packed_max_abs_lp": results["meta"]["shared_vs_packed_max_abs_lp"]}))
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2))
     torch.distributed.destroy_process_group()

@@ -110,6 +110,9 @@ def summary(metrics: Path, student: Path, teacher: Path, offload: bool, ac: bool
     med = {k: statistics.median(r[f"timing_s/{k}"] for r in steady) for k in (*PHASES, "step")}
     P_s, P_t = n_params(student), n_params(teacher)
     T = statistics.median(r["perf/tokens"] for r in steady)
+    # the tokens the scoring and update forwards ran (03's --share-prompts lays a prompt out once; T without it)
+    Ts, Tu = (statistics.median(r.get(k) or r["perf/tokens"] for r in steady)
+              for k in ("perf/score_forwarded_tokens", "perf/forwarded_tokens"))
     rt = rates()
     c = 8 if ac else 6
     S = statistics.median(r["perf/sequences"] for r in steady)
@@ -119,9 +122,9 @@ def summary(metrics: Path, student: Path, teacher: Path, offload: bool, ac: bool
     # the student is scored too unless the sampler recorded its scores (--student-scores sampler: its metrics carry
     # rollout/candidate_logprob_gap); the reference always
     students = 1 if any("rollout/candidate_logprob_gap" in r for r in rows) else 2
-    floor = {"sync": 2 * P_s / rt["C"], "score": 2 * T * (students * P_s + 2 * P_t) / rt["R"],
+    floor = {"sync": 2 * P_s / rt["C"], "score": 2 * Ts * (students * P_s + 2 * P_t) / rt["R"],
              "gen": (L * 2 * P_s + kv * S * (pm * Lm + Lm * (Lm - 1) / 2)) / (2 * rt["C"]),
-             "update": c * P_s * T / rt["R"],
+             "update": c * P_s * Tu / rt["R"],
              "optimizer": (8 * P_s * 2 / rt["duplex"]) if offload else 40 * P_s / (2 * rt["C"])}
     floor["step"] = sum(floor.values())
     print(f"student {P_s / 1e9:.3f}B, teacher {P_t / 1e9:.3f}B, T {T:.0f} tokens a step; R {rt['R'] / 1e12:.0f} "

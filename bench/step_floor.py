@@ -12,15 +12,17 @@
     where % of floor = floor / measured (100 % = at the floor).
 
 Per step: T = perf/tokens (prompt + response tokens, all ranks; older metrics: perf/tokens_per_s × timing_s/step),
-Tr = perf/response_tokens, S = perf/sequences, L = response_length/max, L̄ = Tr / S, p̄ = (T − Tr) / S.
+Tr = perf/response_tokens, S = perf/sequences, L = response_length/max, L̄ = Tr / S, p̄ = (T − Tr) / S; Ts and Tu
+the tokens the scoring and the update forwards ran (perf/score_forwarded_tokens, perf/forwarded_tokens: under 03's
+--share-prompts a prompt once per micro-batch it is shared in; = T without it, and in older metrics).
 P = the model's parameters as 03 counts them (numel, tied embeddings once), M = models scored (the student, the
 teachers, the reference), kv = 2·layers·kv_heads·head_dim·2 bytes of KV cache per token (bf16). Floors, per rank:
     sync       2·P / C                                       the student's bf16 weights copied once into the sampler
     gen        (L·2P + kv·(S/W)·(p̄·L̄ + L̄(L̄−1)/2)) / 2C     every weight and each live sequence's KV read once per
                                                              decode step (bench/RESULTS.md's rollout bound; its
                                                              bandwidth here the measured 2C instead of 4.3 TB/s)
-    score      2·P·T·M / (W·R)                               forward only, M models
-    update     c·P·T / (W·R),  c = 6 (8 with activation checkpointing: the forward again in backward)
+    score      2·P·Ts·M / (W·R)                              forward only, M models
+    update     c·P·Tu / (W·R),  c = 6 (8 with activation checkpointing: the forward again in backward)
     optimizer  40·P / (W·2C)                                 bytes moved per fp32 parameter: AdamW reads param,
                                                              grad, exp_avg, exp_avg_sq (16 B) and writes param and
                                                              both moments (12 B); clip_grad_norm_ reads the grad for
@@ -112,27 +114,29 @@ def run_settings(metrics_path: Path) -> dict:
 
 
 def step_counts(r: dict) -> dict:
-    """T, Tr, S, L of one metrics row (older rows: T from tokens/s × step time)."""
+    """T, Tr, S, L, Ts, Tu of one metrics row (older rows: T from tokens/s × step time, Ts = Tu = T)."""
     T = r.get("perf/tokens") or r["perf/tokens_per_s"] * r["timing_s/step"]
     S = r.get("perf/sequences")
     Tr = r.get("perf/response_tokens") or (r["response_length/mean"] * S if S else None)
     if S is None or Tr is None:
         raise KeyError("the metrics lack perf/sequences and perf/response_tokens: rerun 03 at this commit")
-    return {"T": T, "Tr": Tr, "S": S, "L": r["response_length/max"]}
+    return {"T": T, "Tr": Tr, "S": S, "L": r["response_length/max"],
+            "Ts": r.get("perf/score_forwarded_tokens") or T, "Tu": r.get("perf/forwarded_tokens") or T}
 
 
 def floors(row: dict, info: dict, rates: dict, world: int, scored_models: int, ac: bool) -> dict:
     """{phase: (floor seconds, formula)} for one step's counts (step_counts), per rank."""
     P, R, C = info["params"], rates["matmul_flops"], rates["copy_bytes_per_s"]
     T, Tr, S, L = row["T"], row["Tr"], row["S"], row["L"]
+    Ts, Tu = row.get("Ts", T), row.get("Tu", T)
     kv = 2 * info["layers"] * info["kv_heads"] * info["head_dim"] * 2
     Lbar, pbar = Tr / S, (T - Tr) / S
     c = 8 if ac else 6
     out = {"sync": (2 * P / C, "2·P / C"),
            "gen": ((L * 2 * P + kv * (S / world) * (pbar * Lbar + Lbar * (Lbar - 1) / 2)) / (2 * C),
                    "(L·2P + kv·(S/W)·(p̄·L̄ + L̄(L̄−1)/2)) / 2C"),
-           "score": (2 * P * T * scored_models / (world * R), f"2·P·T·{scored_models} / (W·R)"),
-           "update": (c * P * T / (world * R), f"{c}·P·T / (W·R)"),
+           "score": (2 * P * Ts * scored_models / (world * R), f"2·P·Ts·{scored_models} / (W·R)"),
+           "update": (c * P * Tu / (world * R), f"{c}·P·Tu / (W·R)"),
            "optimizer": (40 * P / (world * 2 * C), "40·P / (W·2C)")}
     out["step"] = (sum(v for v, _ in out.values()), "sum of the above")
     return out
@@ -142,7 +146,7 @@ def table(rows: list[dict], info: dict, rates: dict, world: int, scored_models: 
           min_step: int = 3) -> tuple[str, dict]:
     """The markdown table (medians over steps ≥ min_step; all steps when there are none) and its numbers."""
     steady = [r for r in rows if r["step"] >= min_step] or rows
-    counts = {k: statistics.median(step_counts(r)[k] for r in steady) for k in ("T", "Tr", "S", "L")}
+    counts = {k: statistics.median(step_counts(r)[k] for r in steady) for k in ("T", "Tr", "S", "L", "Ts", "Tu")}
     fl = floors(counts, info, rates, world, scored_models, ac)
     lines = ["| phase | measured s (median of steps ≥ %d) | floor s | floor formula | %% of floor |" % min_step,
              "|---|---|---|---|---|"]
@@ -199,7 +203,8 @@ def main(argv=None):
     print(f"R = {rates['matmul_flops'] / 1e12:.1f} TFLOP/s (bf16 mm), C = {rates['copy_bytes_per_s'] / 1e9:.1f} GB/s "
           f"copied (traffic 2C = {2 * rates['copy_bytes_per_s'] / 1e12:.2f} TB/s) | P = {info['params'] / 1e9:.3f} B "
           f"({args.shape}) | W = {world}, M = {scored}, activation checkpointing {'on' if ac else 'off'} | "
-          f"T = {c['T']:.0f} tokens, Tr = {c['Tr']:.0f}, S = {c['S']:.0f}, L = {c['L']:.0f} (medians)\n")
+          f"T = {c['T']:.0f} tokens (forwarded: scoring {c['Ts']:.0f}, update {c['Tu']:.0f}), Tr = {c['Tr']:.0f}, "
+          f"S = {c['S']:.0f}, L = {c['L']:.0f} (medians)\n")
     print(text)
     if args.json:
         Path(args.json).write_text(json.dumps({"rates": rates, "model": info, "world": world, "scored_models": scored,

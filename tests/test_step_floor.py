@@ -35,6 +35,20 @@ def test_floors_match_a_hand_computation():
                                  "update": 0.2, "optimizer": 100.0, "step": 20 + 146.8 + 0.15 + 0.2 + 100}, rel=1e-12)
 
 
+def test_forwarded_tokens_set_the_score_and_update_floors():
+    """03's --share-prompts forwards fewer tokens than the step holds: the scoring and update floors count the tokens
+    forwarded (Ts, Tu), the other phases the step's; a row without them counts T."""
+    m = load()
+    shared = m.floors(COUNTS | {"Ts": 40, "Tu": 45}, INFO, RATES, world=1, scored_models=4, ac=False)
+    plain = m.floors(COUNTS, INFO, RATES, world=1, scored_models=4, ac=False)
+    assert shared["score"][0] == pytest.approx(2 * 1000 * 40 * 4 / 1e6) and shared["update"][0] == pytest.approx(
+        6 * 1000 * 45 / 1e6)
+    assert all(shared[k][0] == plain[k][0] for k in ("sync", "gen", "optimizer"))
+    row = {"step": 3, "perf/tokens": 50, "perf/response_tokens": 30, "perf/sequences": 3, "response_length/max": 12}
+    assert m.step_counts(row)["Ts"] == m.step_counts(row)["Tu"] == 50
+    assert m.step_counts(row | {"perf/forwarded_tokens": 45, "perf/score_forwarded_tokens": 40})["Tu"] == 45
+
+
 def test_table_takes_medians_of_steps_from_three():
     m = load()
     base = {"perf/tokens": 50, "perf/response_tokens": 30, "perf/sequences": 3, "response_length/max": 12}
@@ -51,7 +65,7 @@ def test_table_takes_medians_of_steps_from_three():
     assert lines[0].startswith("| phase | measured s (median of steps ≥ 3) | floor s |")
     assert [line.split(" | ")[0] for line in lines[2:]] == ["| sync", "| gen", "| score", "| update", "| optimizer",
                                                              "| step"]
-    assert "| 2·P·T·4 / (W·R) | 50.0 % |" in lines[4]
+    assert "| 2·P·Ts·4 / (W·R) | 50.0 % |" in lines[4]
 
 
 @pytest.mark.e2e

@@ -85,16 +85,20 @@ def test_a_scorer_refuses_the_other_layout():
 
 
 def test_profile_bench_cpu_smoke(tmp_path):
-    """bench/profile_step.py end to end on a tiny model: both layouts run, score the same (fp32), and report."""
+    """bench/profile_step.py end to end on a tiny model: the three layouts run, score the same (fp32), and report; the
+    shared one forwards each prompt of 2 rollouts once per micro-batch."""
     out = tmp_path / "p.json"
     r = subprocess.run([sys.executable, "bench/profile_step.py", "--shape", "tiny", "--seqs", "6", "--resp", "5",
-                        "--prompt-min", "2", "--prompt-max", "9", "--topk", "3", "--reps", "1", "--no-profile",
-                        "--variants", "off:4:2,on:4:2", "--out", str(out)], cwd=REPO, capture_output=True, text=True,
-                       timeout=300)
+                        "--prompt-min", "2", "--prompt-max", "9", "--rollouts", "2", "--topk", "3", "--reps", "1",
+                        "--no-profile", "--variants", "off:4:2,on:4:2,shared:4:2", "--out", str(out)], cwd=REPO,
+                       capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads(out.read_text())
-    assert [v["packing"] for v in res["variants"]] == [False, True]
-    assert res["meta"]["packed_vs_padded_max_abs_lp"] < 1e-5
+    off, on, shared = res["variants"]
+    assert [v["packing"] for v in res["variants"]] == [False, True, True] and shared["shared_prompts"]
+    assert off["score_tokens"] == on["score_tokens"] == on["update_tokens"] == res["meta"]["tokens"]
+    assert shared["score_tokens"] < on["score_tokens"] and shared["update_tokens"] < on["update_tokens"]
+    assert res["meta"]["packed_vs_padded_max_abs_lp"] < 1e-5 and res["meta"]["shared_vs_packed_max_abs_lp"] < 1e-5
 
 
 # --- shared prompts: each distinct prompt laid out once, its responses attending to it (pack_shared) ---
