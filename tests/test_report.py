@@ -1226,12 +1226,14 @@ def test_a_missing_student_init_is_named_not_no_checkpoint(tmp_path):
 
 # --- conditions: runs of one reward with other settings are never pooled; a budget-stopped run's checkpoints count ---
 
-def write_train(run_dir: Path, name: str, args: dict, n_steps: int, onset: int, ckpts, *, finished=True, summary=()):
-    """A training run folder as 03 leaves it: metrics, summary, checkpoints; finished: a manifest with its args;
-    else (a --time-limit stop) no manifest, and the resume state of the last checkpoint holding the args."""
+def write_train(run_dir: Path, name: str, args: dict, n_steps: int, onset: int, ckpts, *, finished=True, summary=(),
+                peak=1.0):
+    """A training run folder as 03 leaves it: metrics (metric_rows' onset and peak), summary, checkpoints; finished: a
+    manifest with its args; else (a --time-limit stop) no manifest, and the resume state of the last checkpoint
+    holding the args."""
     t = run_dir / "train" / name
-    atomic_write_jsonl(t / "metrics.jsonl", metric_rows(n_steps=n_steps, onset=onset))
-    atomic_write_json(t / "summary.json", {"pair": "toy", "reward": args["reward"], "student": "toy", "seed": args["seed"],
+    atomic_write_jsonl(t / "metrics.jsonl", metric_rows(n_steps=n_steps, onset=onset, peak=peak))
+    atomic_write_json(t / "summary.json", {"pair": args.get("pair", "toy"), "reward": args["reward"], "student": "toy", "seed": args["seed"],
                                            "steps": args["steps"], "last_step": n_steps, "stopped": None, **dict(summary)})
     for step in ckpts:
         atomic_write_json(t / f"step_{step:06d}" / "checkpoint.json",
@@ -1360,16 +1362,8 @@ def make_arm_campaign(run_dir: Path) -> Path:
     make_conditions_campaign(run_dir)
     for name, (diff, n, onset, peak) in ARM_RUNS.items():
         args = arm_args(name, diff)
-        t = run_dir / "train" / name
-        atomic_write_jsonl(t / "metrics.jsonl", metric_rows(n_steps=n, onset=onset, peak=peak))
-        atomic_write_json(t / "summary.json", {"pair": args["pair"], "reward": "delta-topk", "student": "toy",
-                                               "seed": args["seed"], "steps": args["steps"], "last_step": n,
-                                               "stopped": "time_limit" if n < args["steps"] else None})
-        if n == args["steps"]:
-            write_manifest(t, stage="03_opd_train", script=__file__, args=args, inputs={},
-                           outputs=["metrics.jsonl", "summary.json"], started=now_iso(), wall_s=50.0, gpu_s=0.0)
-        else:                    # a --time-limit stop: no manifest, the args in the resume state
-            atomic_write_json(t / "resume" / "loop_state.json", {"step": n, "kl_coef": 2.5, "args": args})
+        write_train(run_dir, name, args, n, onset, (), finished=n == args["steps"], peak=peak,
+                    summary={"stopped": "time_limit"} if n < args["steps"] else {})
     return run_dir
 
 
