@@ -142,7 +142,8 @@ def pack_shared(prompts: list[list[int]], responses: list[list[int]]) -> Batch:
             seg_k.append(L + len(r))
     cols, targets, seq = [], [], []
     for b, r in enumerate(responses):          # N in the micro-batch's order, as pack() lays it out
-        cols += [first_col[b]] + list(range(resp_start[b], resp_start[b] + len(r) - 1)) if r else []
+        if r:         # its first token is predicted at the prompt's last position, each later one at the token before
+            cols += [first_col[b], *range(resp_start[b], resp_start[b] + len(r) - 1)]
         targets += r
         seq += [b] * len(r)
     return Batch(as_long(ids)[None], None, torch.zeros(len(targets), dtype=torch.long), as_long(cols),
