@@ -74,7 +74,9 @@ def test_smollm2_trains_two_steps_and_its_rollouts_stop(tmp_path, smollm2):
 def test_smollm2_teacher_skips_rows_without_gold_and_learns_its_targets(tmp_path, smollm2):
     """07 as the recipe runs it (--targets gold: SmolLM2 rarely writes a graded answer line, so RAFT keeps nothing):
     rows without a gold answer skipped, counted and listed; each kept target is the gold answer line plus
-    SmolLM2's own stop token; the SFT lowers the held-out loss; the teacher folder is written."""
+    SmolLM2's own stop token; the SFT lowers the held-out loss; the teacher folder is written. In fp32 (--no-bf16),
+    where the recipe autocasts to bf16: on a CPU without bf16 instructions (an AMD EPYC without AVX-512, 2026-12-05)
+    torch runs bf16 GEMMs in its slow portable path, and this SFT of 135M parameters ran past the 15-minute limit."""
     data = tmp_path / "easy.jsonl"
     easy = [("What is $2+3$?", "5"), ("What is $10-4$?", "6"), ("What is $3 \\times 3$?", "9"),
             ("What is $8 \\div 2$?", "4"), ("What is $7+6$?", "13"), ("What is $1+1$?", "2"),
@@ -85,7 +87,7 @@ def test_smollm2_teacher_skips_rows_without_gold_and_learns_its_targets(tmp_path
                     + json.dumps({"id": "blank-gold", "problem": "What is $4+4$?", "answer": " "}) + "\n")
     p = run_script("07_raft.py", "--pair", SMOL_PAIR, "--run-dir", tmp_path / "run", "--train-data", data,
                    "--targets", "gold", "--g1-min", 8, "--epochs", 2, "--batch-size", 4, "--micro-batch", 4,
-                   "--lr", 5e-5, "--val-frac", 0.25, "--anatomy-prompts", 0)
+                   "--lr", 5e-5, "--val-frac", 0.25, "--anatomy-prompts", 0, "--no-bf16")
     out = tmp_path / "run" / "raft"
     stage1 = json.loads((out / "stage1.json").read_text())
     assert stage1["skipped_no_gold"] == {"n": 2, "ids": ["no-gold", "blank-gold"]}
