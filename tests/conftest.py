@@ -9,6 +9,13 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Under pytest-xdist (the README's `-n 2`: one worker per core) each worker and the stages it starts compute on one
+# thread: two workers of two threads each on two cores would oversubscribe them, and torch's threads then wait on
+# each other. A test or stage that pins its own thread count still does.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+
 
 @pytest.fixture(scope="module")
 def one_thread():
@@ -18,3 +25,16 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+# The files that take longest on 2 cores go first. Under `-n 2 --dist loadfile` each worker takes the next file as it
+# finishes one, so a long file started last would run alone at the end; first, it runs beside the many short ones.
+# test_real_assets needs no toy world, and test_install waits on pypi.org rather than the CPU: beside them the other
+# worker builds the world once (a fresh clone's first use). A file not named keeps its place after them.
+LONGEST_FIRST = ("test_real_assets.py", "test_install.py", "test_train.py", "test_resume.py", "test_report.py",
+                 "test_report_anatomy_cross.py", "test_sampling_vllm.py", "test_train_vllm.py")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))      # stable: a file's tests keep their order
