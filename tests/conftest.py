@@ -1,5 +1,9 @@
 """Fixtures shared by the test files."""
 import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -38,3 +42,29 @@ LONGEST_FIRST = ("test_real_assets.py", "test_install.py", "test_train.py", "tes
 def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))      # stable: a file's tests keep their order
+
+
+def pytest_configure(config):
+    """Under `-n 2` the controller starts building the toy world at once, in the background, where it is not built yet
+    (a fresh clone; ≈ 20 min on 2 AVX2 cores, its longest chain of models on one thread). The first test that needs the
+    world then waits on the build's lock (lib/toy/builder.build) instead of starting it, and the files that need no
+    world (the real assets, the install sets, the report's fabricated campaigns) run beside it."""
+    if os.environ.get("PYTEST_XDIST_WORKER") or not getattr(config.option, "numprocesses", None):
+        return
+    repo = Path(__file__).resolve().parent.parent
+    sys.path.insert(0, str(repo))
+    from lib.toy import builder
+    if (builder.cache_root() / builder.world_hash() / "world.json").exists():
+        return
+    config.world_builder = subprocess.Popen(
+        [sys.executable, "-c", "from lib.toy import builder; builder.build()"], cwd=repo, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)     # its errors resurface in the test that needs it
+
+
+def pytest_unconfigure(config):
+    """A background build still running when the session ends (a subset that never needed the world) is stopped with
+    its chain processes; its temp folder is removed by the next build."""
+    proc = getattr(config, "world_builder", None)
+    if proc is not None and proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
