@@ -31,11 +31,12 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-# The files that take longest on 2 cores go first. Under `-n 2 --dist loadfile` each worker takes the next file as it
-# finishes one, so a long file started last would run alone at the end; first, it runs beside the many short ones.
-# test_real_assets needs no toy world, and test_install waits on pypi.org rather than the CPU: beside them the other
-# worker builds the world once (a fresh clone's first use). A file not named keeps its place after them.
-LONGEST_FIRST = ("test_real_assets.py", "test_install.py", "test_train.py", "test_resume.py", "test_report.py",
+# The files that take longest on 2 cores go first. Under `-n 2 --dist loadfile --no-loadscope-reorder` each worker
+# takes the next file in this order as it finishes one (without the last flag xdist orders the files by their number
+# of tests), so a long file does not start last and run alone at the end. test_real_assets needs no toy world and
+# test_install waits on pypi.org more than on the CPU; test_report fabricates its campaigns: they run while a fresh
+# clone's world is built (pytest_configure below). A file not named keeps its place after them.
+LONGEST_FIRST = ("test_real_assets.py", "test_install.py", "test_report.py", "test_train.py", "test_resume.py",
                  "test_report_anatomy_cross.py", "test_sampling_vllm.py", "test_train_vllm.py")
 
 
