@@ -47,7 +47,7 @@ def pytest_collection_modifyitems(items):
 
 def pytest_configure(config):
     """Under `-n 2` the controller starts building the toy world at once, in the background, where it is not built yet
-    (a fresh clone; ≈ 20 min on 2 AVX2 cores, its longest chain of models on one thread). The first test that needs the
+    (a fresh clone; ≈ 18 min on 2 AVX2 cores, its longest chain of models on one thread). The first test that needs the
     world then waits on the build's lock (lib/toy/builder.build) instead of starting it, and the files that need no
     world (the real assets, the install sets, the report's fabricated campaigns) run beside it."""
     if os.environ.get("PYTEST_XDIST_WORKER") or not getattr(config.option, "numprocesses", None):
