@@ -1,7 +1,8 @@
 """bench/student_scores.py — what recording the student's scores costs the decoder per step (03's `--student-scores
 sampler`): lib/sample/draw.student_scores on one step's logits, with its top-K in one torch.topk over the whole
 vocabulary or in two stages (draw.topk_two_stage, by chunk size), its parts alone, and lib/sample/scores_triton.py's
-two fused passes, against the floor of reading the step's bf16 logits once.
+Triton kernels (the block threshold, and K rounds in every block as before it), against the floor of reading the
+step's bf16 logits once.
 
 Each variant runs on (B, V) bf16 logits as the decoder hands them over, compiled as the decoder compiles it
 (torch.compile, fullgraph, static shapes) or eagerly, inside one CUDA graph of `--per-graph` calls on distinct
@@ -47,13 +48,14 @@ def variants(k: int) -> dict:
             return (z.gather(1, t[:, None])[:, 0] - lse, ids, lp.gather(1, ids), -(lp.exp() * lp).sum(-1))
         return fn
 
-    def fused(block):           # lib/sample/scores_triton.py: two Triton passes over the logits, by block size
+    def fused(block, threshold=True):    # lib/sample/scores_triton.py's kernels, by block size
         from lib.sample.scores_triton import student_scores_fused
-        return lambda x, t, T: student_scores_fused(x, t, T, k, block)
+        return lambda x, t, T: student_scores_fused(x, t, T, k, block, threshold)
 
     from lib.sample.scores_triton import BLOCK
-    out = {"eager one-stage": (full(None), False), "fused Triton, 2 passes": (fused(BLOCK), False)}
-    out.update({f"fused Triton, blocks of {b}": (fused(b), False) for b in (1024, 4096) if b != BLOCK})
+    out = {"eager one-stage": (full(None), False), "fused Triton, threshold": (fused(BLOCK), False),
+           "fused Triton, K rounds in every block": (fused(BLOCK, False), False)}
+    out.update({f"fused Triton, threshold, blocks of {b}": (fused(b), False) for b in (1024, 4096) if b != BLOCK})
     for name, fn in [("one-stage", full(None)), ("two-stage 256", full(256)), ("two-stage 1024", full(1024)),
                      ("two-stage 4096", full(4096)), ("two-stage 1024, top-K of the bf16 logits", on_bf16(1024)),
                      ("lse + entropy + lp only", lse_ent),

@@ -386,19 +386,49 @@ def test_unknown_architecture_falls_back_to_generate(mistral, capsys):
 
 
 @pytest.mark.parametrize("B,V,k,T,block", [(3, 5000, 16, 1.0, 2048), (2, 777, 4, 0.7, 256), (4, 3000, 0, 1.3, 1024),
-                                           (2, 2048, 16, 1.0, 2048), (1, 300, 16, 2.0, 64)])
+                                           (2, 2048, 16, 1.0, 2048), (1, 300, 16, 2.0, 64), (3, 3001, 16, 1.0, 64),
+                                           (2, 5000, 8, 0.7, 128)])
 def test_fused_student_scores_equal_the_torch_ops(B, V, k, T, block):
     """lib/sample/scores_triton.py's two passes (Triton's interpreter on CPU) against draw.student_scores: the drawn
     token's log-prob, the top-k ids and log-probs and the entropy, on rows that are not a whole number of blocks,
-    at T ≠ 1, with k = 0, and with the row's largest logit in the last, partial block."""
+    at T ≠ 1, with k = 0, and with the row's largest logit in the last, partial block; with fewer blocks than k (no
+    threshold) and with more (the threshold's fast path), and with every block taking the K rounds."""
     from lib.sample.draw import student_scores
     from lib.sample.scores_triton import student_scores_fused
     g = torch.Generator().manual_seed(V + k)
     x = torch.randn(B, V, generator=g) * 3
     x[0, -1] = 30.0
     tok = torch.randint(0, V, (B,), generator=g)
-    got = student_scores_fused(x, tok, torch.tensor(T), k, block)
     want = student_scores(x, tok, torch.tensor(T), k)
-    assert got[1].shape == (B, k) and torch.equal(got[1], want[1])
+    for threshold in (True, False):
+        got = student_scores_fused(x, tok, torch.tensor(T), k, block, threshold=threshold)
+        assert got[1].shape == (B, k) and torch.equal(got[1], want[1])
+        for a, b in zip(got[::2] + got[3:], want[::2] + want[3:]):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_fused_student_scores_keep_the_top_k_where_a_block_holds_many_candidates():
+    """The threshold's slow path: a block with more than K entries at or above τ keeps its own K largest by K
+    rounds. Row 0 puts 40 near-equal large logits in one block (and 3 in another), row 1 is constant (every block
+    over K: ties, lower ids first, as the torch ops' sort), row 2 holds bf16 logits, which tie often. Row 3 is the
+    threshold's edge: its K largest each lead their own block, so the K-th largest equals τ."""
+    from lib.sample.draw import student_scores
+    from lib.sample.scores_triton import student_scores_fused
+    g = torch.Generator().manual_seed(0)
+    V, k, block = 1000, 16, 128
+    x = torch.randn(3, V, generator=g)
+    x[0, 300:340] = 20 + torch.arange(40) * 1e-3
+    x[0, [5, 600, 999]] = torch.tensor([25.0, 19.0, 26.0])
+    x[1] = 0.5
+    x[2] = (x[2] * 2).bfloat16().float()
+    x = torch.cat([x, torch.randn(1, V, generator=g)])
+    x[3, torch.arange(k) * 61 + 7] = 10 + torch.arange(k, dtype=torch.float32)   # the top k: one per block, so the
+    tok = torch.tensor([3, 999, 17, 0])                                           # k-th largest is τ itself
+    want = student_scores(x, tok, torch.tensor(1.0), k)
+    got = student_scores_fused(x, tok, torch.tensor(1.0), k, block)
+    assert torch.equal(got[1][0], want[1][0]) and torch.equal(got[1][3], want[1][3])
+    assert torch.equal(got[1][1], torch.arange(k))                  # equal logits: the lowest ids, in order
     for a, b in zip(got[::2] + got[3:], want[::2] + want[3:]):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    z2 = x[2] - torch.logsumexp(x[2], -1)
+    torch.testing.assert_close(z2[got[1][2]], got[2][2], atol=1e-5, rtol=0)     # each id carries its log-prob

@@ -32,9 +32,9 @@ its own row. Grouped-query attention without copying K/V: a kv head's G query he
          draws stay eager)
 `candidates=k` (03's --student-scores sampler) records, beside each drawn token, the student's scores of it from the
 same logits (lib/sample/draw.student_scores: the log-prob at logits / T, the top-k ids and log-probs, the entropy),
-inside the step's graph; a finished row returns them as a StudentScores on the device. `scores_impl="triton"`
-computes them by lib/sample/scores_triton.py's two passes instead of the compiled torch ops (not the default: not
-yet timed on a GPU).
+inside the step's graph; a finished row returns them as a StudentScores on the device: on CUDA by
+lib/sample/scores_triton.py's kernels (`scores_impl="triton"`, the logits read twice), elsewhere by the compiled torch
+ops (`"torch"`; bench/RESULTS.md §8 times both).
 CPU runs v1 eagerly unless asked otherwise; its numerics are those of the toy campaign. Slot invariance: a request's
 tokens do not depend on the slot count or batch-mates up to the numerics of the GEMMs (v2's attention is per slot).
 
@@ -103,7 +103,7 @@ class Decoder:
                  attn_opts: dict | None = None, draw_blocked: bool | None = None,
                  compile_draw: bool | str | None = None, gemm_opts: dict | None = None, share_prefill: bool = True,
                  packed_prefill: bool | None = None, fast_prefill: bool | None = None,
-                 candidates: int | None = None, scores_impl: str = "torch"):
+                 candidates: int | None = None, scores_impl: str | None = None):
         cfg = model.config
         if not runs(model):
             raise TypeError(f"lib.sample.decode runs full-attention {SUPPORTED} decoders; {type(model).__name__} "
@@ -180,7 +180,8 @@ class Decoder:
                 slots, max_new_tokens, **f32)
             self.out_cid_SNk = torch.zeros(slots, max_new_tokens, candidates, **i64)
             self.out_clp_SNk = torch.zeros(slots, max_new_tokens, candidates, **f32)
-            if scores_impl == "triton":       # lib/sample/scores_triton.py: two passes over the logits
+            scores_impl = scores_impl or ("triton" if cuda else "torch")
+            if scores_impl == "triton":       # lib/sample/scores_triton.py: the logits read twice
                 from lib.sample.scores_triton import student_scores_fused
                 self.scores_c = student_scores_fused
             elif scores_impl == "torch":      # the torch ops, compiled with the draw
