@@ -40,7 +40,9 @@
 #   student-scores  what recording the student's scores costs a decode step (03's --student-scores sampler):
 #                 lib/sample/draw.student_scores (one-stage and two-stage top-K, and its parts) and the fused
 #                 Triton passes of lib/sample/scores_triton.py, at B = 64 and 256
-#                 (bench/student_scores.py; CUDA only) → student_scores.json
+#                 (bench/student_scores.py; CUDA only; SCORES_BATCHES, default "64 256"; SCORES_VARIANTS: its
+#                 --variants, names separated by '|')
+#                 → student_scores.json
 #   step          03_opd_train with the built-in sampler: random Qwen2.5-1.5B student and teachers, delta-topk
 #                 (K = 16), 64 prompts × 4 rollouts × 400 new tokens, --micro-batch 16, STEPS steps (default 6),
 #                 then its floors (step-floor) → step_builtin_metrics.jsonl, step_floor_builtin.{json,md}
@@ -349,7 +351,10 @@ part_prefill() {
 
 part_student_scores() {
   gpu || { echo "!! student-scores: needs CUDA (CUDA graphs and events)"; FAILED+=(student-scores); return 1; }
-  measure student-scores "$(lim 200)" cat python3 bench/student_scores.py --out "$OUT/student_scores.json"
+  local only=(); [ -n "${SCORES_VARIANTS:-}" ] && only=(--variants "$SCORES_VARIANTS")
+  # shellcheck disable=SC2086
+  measure student-scores "$(lim 200)" cat python3 bench/student_scores.py --batches ${SCORES_BATCHES:-64 256} \
+    "${only[@]}" --out "$OUT/student_scores.json"
 }
 
 part_step() {

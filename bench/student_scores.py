@@ -79,6 +79,9 @@ def main():
     ap.add_argument("--per-graph", type=int, default=8)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--tokens", type=int, default=400, help="decode steps a rollout takes (03's bench: 400)")
+    ap.add_argument("--variants", default=None,
+                    help="only these variants, their names separated by '|' (default: all; the eager one-stage "
+                         "reference always runs)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     torch.manual_seed(0)
@@ -92,7 +95,14 @@ def main():
         temp = torch.ones((), device="cuda")
         floor_us = B * args.vocab * 2 / (2 * C) * 1e6                # the bf16 logits read once
         ref = None
-        for name, (fn, compiled) in variants(args.k).items():
+        chosen = variants(args.k)
+        if args.variants:
+            keep = set(args.variants.split("|")) | {"eager one-stage"}
+            if keep - set(chosen):
+                raise SystemExit(f"--variants: no variant named {sorted(keep - set(chosen))}; the names are "
+                                 f"{list(chosen)}")
+            chosen = {n: v for n, v in chosen.items() if n in keep}
+        for name, (fn, compiled) in chosen.items():
             f = torch.compile(fn, dynamic=False, fullgraph=True) if compiled else fn
             got = f(xs[0], tok, temp)
             if name.startswith("eager one-stage"):
