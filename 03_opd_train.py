@@ -59,7 +59,7 @@ from lib.cli import (ArgumentParser, HelpFormatter, fraction, nonnegative_float,
                      positive_float, positive_int)
 from lib.data import prompt_ids, refuse_special_text, require_rows, stable_seed
 from lib.sample.completion import stop_ids
-from lib.sample.engine import HFEngine, load_engine, sample
+from lib.sample.engine import RESIDENT_CACHE, HFEngine, explain_sampler_oom, load_engine, sample
 from lib.sample.vllm_engine import explain_oom
 from lib.train import dist as D
 from lib.train import checkpoint, opd
@@ -537,6 +537,8 @@ def main(argv=None):
                       max_new_tokens=args.max_response_len, progress=False)
         if args.backend == "vllm" or args.sampler_sleep:
             engine.sleep()
+        elif bf16 and engine.held_bytes():       # the cache stays through scoring and the update: an OOM names it
+            RESIDENT_CACHE.update(gib=engine.held_bytes() / 2**30, slots=engine.decoder_key[0])
         clock.mark("gen")
 
         # 2. scoring, no grad. "Old" log-probs = the student's scores of its own rollouts before this step's update:
@@ -697,5 +699,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    with explain_oom():          # an OOM beside a resident vLLM engine: one line naming its share and the fixes
+    # an OOM beside a resident vLLM engine or the built-in sampler's resident cache: one line naming it and the fixes
+    with explain_oom(), explain_sampler_oom():
         main()

@@ -421,6 +421,38 @@ def test_an_oom_beside_a_resident_vllm_engine_names_its_share_and_the_fixes(monk
     assert caught.value.__cause__ is oom
 
 
+def test_an_oom_beside_the_sampler_s_resident_cache_names_it_and_the_fixes(monkeypatch, world):
+    """lib.sample.engine.explain_sampler_oom, around 03's main: with the built-in sampler's cache recorded as resident,
+    a CUDA OOM becomes one line with its GiB, its slots and the fixes; without one, the OOM passes unchanged, as any
+    other error does. The GiB 03 records is HFEngine.held_bytes: the held slots at lib/sample/decode.slot_bytes, and
+    0 once the engine sleeps."""
+    from lib.sample import engine as E
+    from lib.sample.decode import slot_bytes
+    oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 42.00 MiB.\nmore text")
+    for err in (oom, ValueError("not memory")):
+        with pytest.raises(type(err)) as caught, E.explain_sampler_oom():
+            raise err
+        assert caught.value is err
+    monkeypatch.setattr(E, "RESIDENT_CACHE", {"gib": 17.5, "slots": 256})
+    with pytest.raises(ValueError), E.explain_sampler_oom():
+        raise ValueError("not memory")
+    with pytest.raises(SystemExit) as caught, E.explain_sampler_oom():
+        raise oom
+    msg = str(caught.value)
+    assert "\n" not in msg and "17.5 GiB for 256 slots" in msg and "Tried to allocate 42.00 MiB" in msg
+    assert "add --sampler-sleep" in msg and "lower --micro-batch" in msg and "--sampler-kv-margin" in msg
+    assert caught.value.__cause__ is oom
+
+    eng = HFEngine(copy.deepcopy(world["lms"]["student"]), world["tok"], batch_size=3)
+    assert eng.held_bytes() == 0
+    prompts = world["prompts"]
+    sample(eng, prompts, list(range(len(prompts))), temperature=1.0, top_p=1.0, max_new_tokens=6, progress=False)
+    slots, max_len, max_new = eng.decoder_key
+    assert slots == 3 and eng.held_bytes() == 3 * slot_bytes(eng.model, max_len, max_new) > 0
+    eng.sleep()
+    assert eng.held_bytes() == 0
+
+
 # --- --student-scores sampler: the student's pre-update scores from the sampler's own logits ---
 
 def sampled_with_scores(world, temperature, k=K):

@@ -32,6 +32,27 @@ from lib.sample.generate_fallback import GenerateDecoder
 
 # --- the hf backend ---
 
+# the built-in sampler's KV cache while it stays on the device through a trainer's other phases (03 without
+# --sampler-sleep, on CUDA): its GiB and slots, recorded by the trainer, read by explain_sampler_oom
+RESIDENT_CACHE: dict[str, float] = {}
+
+
+@contextmanager
+def explain_sampler_oom():
+    """Around a trainer that keeps the built-in sampler's cache resident: a CUDA out-of-memory error becomes one line
+    naming the cache and the fixes. With no cache recorded, an OOM passes through unchanged, as does any other
+    error."""
+    try:
+        yield
+    except torch.OutOfMemoryError as e:
+        if not RESIDENT_CACHE:
+            raise
+        raise SystemExit(f"CUDA out of memory beside the built-in sampler's KV cache ({RESIDENT_CACHE['gib']:.1f} GiB "
+                         f"for {RESIDENT_CACHE['slots']:.0f} slots, resident through scoring and the update): add "
+                         f"--sampler-sleep (it frees the cache outside generation), lower --micro-batch, or leave "
+                         f"more room with --sampler-kv-margin GIB. {str(e).splitlines()[0][:200]}") from e
+
+
 @contextmanager
 def _eval_mode(model):
     """eval() while sampling (no dropout anywhere), then the caller's training mode back."""
@@ -168,6 +189,14 @@ class HFEngine:
                                            pad_id=self.tokenizer.pad_token_id)
         self.decoder_key = key
         return self.decoder
+
+    def held_bytes(self) -> int:
+        """Device bytes the held decoder's slots cost (lib/sample/decode.slot_bytes: its K and V rows and per-slot
+        buffers); 0 when none is held (after `sleep()`) or under the generate fallback."""
+        if not isinstance(self.decoder, Decoder):
+            return 0
+        slots, max_len, max_new_tokens = self.decoder_key
+        return slots * slot_bytes(self.model, max_len, max_new_tokens)
 
     @torch.no_grad()
     def generate(self, prompts, seeds, *, temperature, top_p, max_new_tokens, progress) -> list[Completion]:
