@@ -15,9 +15,10 @@ Why τ is safe: the K block maxima at or above τ are K distinct entries of the 
 is ≥ τ, and every one of the row's K largest is a candidate. A block keeps all its candidates when it has at most
 K of them (compacted by a prefix sum); a block with more (ties, or fewer than K blocks: τ = −inf) keeps its own K
 largest by K rounds of one max-with-index reduction, each winner masked out. Either way a row's K largest are
-among what the blocks keep. On a decode step's logits a block has at most a few candidates, so the K rounds, the
-old version's cost in every block (bench/RESULTS.md §8: 465 µs a step at 256 rows), run almost nowhere;
-`threshold=False` forces them everywhere, for the bench and the tests.
+among what the blocks keep. On a decode step's logits a block has at most a few candidates, so the K rounds, which
+the first version ran in every block (465 µs a step at 256 rows on an H200), run almost nowhere; `threshold=False`
+forces them everywhere, for the bench and the tests. On one H100 at 256 rows (bench/RESULTS.md §8): 166 µs, against
+489 µs with `threshold=False` and 950 µs for the compiled torch ops; one read of the logits takes 26 µs there.
 
 The logits are read twice. The results equal student_scores' up to float rounding (the sums run in another
 order); among tied logits the lower id comes first, as the scorer's sort puts it. Graph-safe: static grids, no
