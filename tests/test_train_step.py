@@ -400,25 +400,33 @@ def test_step_phase_defaults_cpu_unchanged_cuda_scaled(world):
         gc.unfreeze()
 
 
+def explained_oom(monkeypatch, module, registry: str, record: dict, explain) -> str:
+    """The one line `explain()` (a context manager of `module`) makes of a CUDA OOM once `record` is in
+    `module.<registry>`, after checking that with nothing recorded an OOM passes unchanged, as any other error does
+    with or without a record, and that the line keeps the OOM as its cause."""
+    oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.\nmore text")
+    for err in (oom, ValueError("not memory")):             # nothing recorded: unchanged
+        with pytest.raises(type(err)) as caught, explain():
+            raise err
+        assert caught.value is err
+    monkeypatch.setattr(module, registry, record)
+    with pytest.raises(ValueError), explain():
+        raise ValueError("not memory")
+    with pytest.raises(SystemExit) as caught, explain():
+        raise oom
+    assert caught.value.__cause__ is oom
+    msg = str(caught.value)
+    assert "\n" not in msg and "Tried to allocate 2.00 GiB" in msg
+    return msg
+
+
 def test_an_oom_beside_a_resident_vllm_engine_names_its_share_and_the_fixes(monkeypatch):
     """lib.sample.vllm_engine.explain_oom, around 03's main: with a resident engine recorded, a CUDA OOM becomes one line
     with the engine's GiB, its share and both fixes; without one, the OOM passes unchanged, as any other error does."""
     from lib.sample import vllm_engine
-    oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.\nmore text")
-    for err in (oom, ValueError("not memory")):             # no resident engine: unchanged
-        with pytest.raises(type(err)) as caught, vllm_engine.explain_oom():
-            raise err
-        assert caught.value is err
-    monkeypatch.setattr(vllm_engine, "RESIDENT", {"gib": 21.6, "share": 0.15})
-    with pytest.raises(ValueError), vllm_engine.explain_oom():
-        raise ValueError("not memory")
-    with pytest.raises(SystemExit) as caught, vllm_engine.explain_oom():
-        raise oom
-    msg = str(caught.value)
-    assert "\n" not in msg and "21.6 GiB" in msg and "--gpu-memory-utilization 0.15" in msg
+    msg = explained_oom(monkeypatch, vllm_engine, "RESIDENT", {"gib": 21.6, "share": 0.15}, vllm_engine.explain_oom)
+    assert "21.6 GiB" in msg and "--gpu-memory-utilization 0.15" in msg
     assert "drop --no-vllm-sleep" in msg and "lower --gpu-memory-utilization" in msg
-    assert "Tried to allocate 2.00 GiB" in msg
-    assert caught.value.__cause__ is oom
 
 
 def test_an_oom_beside_the_sampler_s_resident_cache_names_it_and_the_fixes(monkeypatch, world):
@@ -428,20 +436,9 @@ def test_an_oom_beside_the_sampler_s_resident_cache_names_it_and_the_fixes(monke
     0 once the engine sleeps."""
     from lib.sample import engine as E
     from lib.sample.decode import slot_bytes
-    oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 42.00 MiB.\nmore text")
-    for err in (oom, ValueError("not memory")):
-        with pytest.raises(type(err)) as caught, E.explain_sampler_oom():
-            raise err
-        assert caught.value is err
-    monkeypatch.setattr(E, "RESIDENT_CACHE", {"gib": 17.5, "slots": 256})
-    with pytest.raises(ValueError), E.explain_sampler_oom():
-        raise ValueError("not memory")
-    with pytest.raises(SystemExit) as caught, E.explain_sampler_oom():
-        raise oom
-    msg = str(caught.value)
-    assert "\n" not in msg and "17.5 GiB for 256 slots" in msg and "Tried to allocate 42.00 MiB" in msg
+    msg = explained_oom(monkeypatch, E, "RESIDENT_CACHE", {"gib": 17.5, "slots": 256}, E.explain_sampler_oom)
+    assert "17.5 GiB for 256 slots" in msg
     assert "add --sampler-sleep" in msg and "lower --micro-batch" in msg and "--sampler-kv-margin" in msg
-    assert caught.value.__cause__ is oom
 
     eng = HFEngine(copy.deepcopy(world["lms"]["student"]), world["tok"], batch_size=3)
     assert eng.held_bytes() == 0
