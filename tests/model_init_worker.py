@@ -6,6 +6,7 @@ prints one JSON line (rank 0) of what matched, bit for bit.
     python tests/model_init_worker.py PATH:DTYPE:MODE ...        (MODE: student | student-ac | frozen)
 """
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -83,6 +84,12 @@ def main(specs):
         print("RESULTS " + json.dumps([r for rank in gathered for r in rank]), flush=True)
     torch.distributed.barrier()                         # no rank tears the group down while another still uses it
     torch.distributed.destroy_process_group()
+    # Leave without the interpreter's teardown, which this test does not check: a gloo worker thread that lets go of a
+    # finished collective's tensor while Python finalizes takes the GIL there and aborts the process ("terminate called
+    # without an active exception", seen once in CI under load after RESULTS was printed; pytorch/pytorch#179291).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
