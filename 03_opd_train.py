@@ -59,7 +59,7 @@ from lib.cli import (ArgumentParser, HelpFormatter, fraction, nonnegative_float,
                      positive_float, positive_int)
 from lib.data import prompt_ids, refuse_special_text, require_rows, stable_seed
 from lib.sample.completion import stop_ids
-from lib.sample.engine import RESIDENT_CACHE, HFEngine, explain_sampler_oom, load_engine, sample
+from lib.sample.engine import HFEngine, explain_sampler_oom, load_engine, sample
 from lib.sample.vllm_engine import explain_oom
 from lib.train import dist as D
 from lib.train import checkpoint, opd
@@ -537,8 +537,8 @@ def main(argv=None):
                       max_new_tokens=args.max_response_len, progress=False)
         if args.backend == "vllm" or args.sampler_sleep:
             engine.sleep()
-        elif bf16 and engine.held_bytes():       # the cache stays through scoring and the update: an OOM names it
-            RESIDENT_CACHE.update(gib=engine.held_bytes() / 2**30, slots=engine.decoder_key[0])
+        elif bf16:                               # the cache stays through scoring and the update: an OOM names it
+            engine.record_resident()
         clock.mark("gen")
 
         # 2. scoring, no grad. "Old" log-probs = the student's scores of its own rollouts before this step's update:

@@ -432,20 +432,25 @@ def test_an_oom_beside_a_resident_vllm_engine_names_its_share_and_the_fixes(monk
 def test_an_oom_beside_the_sampler_s_resident_cache_names_it_and_the_fixes(monkeypatch, world):
     """lib.sample.engine.explain_sampler_oom, around 03's main: with the built-in sampler's cache recorded as resident,
     a CUDA OOM becomes one line with its GiB, its slots and the fixes; without one, the OOM passes unchanged, as any
-    other error does. The GiB 03 records is HFEngine.held_bytes: the held slots at lib/sample/decode.slot_bytes, and
-    0 once the engine sleeps."""
+    other error does. What 03 records (HFEngine.record_resident) is the held decoder's slots and its bytes, which
+    cover the K and V tensors it really holds (read from their storage, not from lib/sample/decode.slot_bytes'
+    formula) and are mostly them; after `sleep()` nothing is held or recorded."""
     from lib.sample import engine as E
-    from lib.sample.decode import slot_bytes
     msg = explained_oom(monkeypatch, E, "RESIDENT_CACHE", {"gib": 17.5, "slots": 256}, E.explain_sampler_oom)
     assert "17.5 GiB for 256 slots" in msg
     assert "add --sampler-sleep" in msg and "lower --micro-batch" in msg and "--sampler-kv-margin" in msg
 
+    recorded = {}
+    monkeypatch.setattr(E, "RESIDENT_CACHE", recorded)
     eng = HFEngine(copy.deepcopy(world["lms"]["student"]), world["tok"], batch_size=3)
-    assert eng.held_bytes() == 0
+    eng.record_resident()
+    assert eng.held_bytes() == 0 and recorded == {}
     prompts = world["prompts"]
     sample(eng, prompts, list(range(len(prompts))), temperature=1.0, top_p=1.0, max_new_tokens=6, progress=False)
-    slots, max_len, max_new = eng.decoder_key
-    assert slots == 3 and eng.held_bytes() == 3 * slot_bytes(eng.model, max_len, max_new) > 0
+    eng.record_resident()
+    kv = sum(t.untyped_storage().nbytes() for t in eng.decoder.k + eng.decoder.v)
+    assert recorded["slots"] == eng.decoder.S == 3
+    assert recorded["gib"] * 2**30 == eng.held_bytes() and kv <= eng.held_bytes() <= 1.25 * kv
     eng.sleep()
     assert eng.held_bytes() == 0
 

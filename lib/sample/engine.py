@@ -198,6 +198,13 @@ class HFEngine:
         slots, max_len, max_new_tokens = self.decoder_key
         return slots * slot_bytes(self.model, max_len, max_new_tokens)
 
+    def record_resident(self) -> None:
+        """Record the held cache (its GiB and slots) in RESIDENT_CACHE, for a trainer that keeps it on the device
+        through its other phases: an out-of-memory error there then names it (explain_sampler_oom). Nothing is
+        recorded while none is held."""
+        if self.held_bytes():
+            RESIDENT_CACHE.update(gib=self.held_bytes() / 2**30, slots=self.decoder_key[0])
+
     @torch.no_grad()
     def generate(self, prompts, seeds, *, temperature, top_p, max_new_tokens, progress) -> list[Completion]:
         # disable=None: no bar where stderr is not a terminal (a log file gets no carriage-return lines)
