@@ -1,6 +1,7 @@
-"""README.md and docs/DESIGN.md against the code they describe: every command they show passes only flags its script
-has, every flag they name in prose exists somewhere, every file the README's tree names is there, and every script
-and library module is in that tree. A renamed flag or a moved file fails here rather than in a reader's terminal.
+"""README.md and docs/DESIGN.md against the code they describe: every command they show (and every one campaign.sh,
+pairs/smol.sh and bench/device.sh run) passes only flags its script has, every flag they name in prose exists
+somewhere, every file the README's tree names is there, and every script and library module is in that tree. A
+renamed flag or a moved file fails here rather than in a reader's terminal.
 
 A stage's flags are read from the usage lines of its own `--help` (the parser as it runs, shared flags from lib/
 included); a bench script's from the option strings in its source (some import CUDA-only code, so they are not
@@ -14,6 +15,7 @@ import pytest
 from helpers import REPO
 
 DOCS = ("README.md", "docs/DESIGN.md")
+SCRIPTS = ("campaign.sh", "pairs/smol.sh", "bench/device.sh")              # what they run, read the same way
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
 # flags of the other tools the docs run (pip, pytest-xdist, torchrun), named here one by one
 EXTERNAL = {"--index-url", "--extra-index-url", "--no-deps",
@@ -57,6 +59,20 @@ def code_commands(text: str):
     yield from re.findall(r"`([^`\n]*\b(?:python3?|torchrun)\b[^`\n]*)`", text)
 
 
+def shell_commands(text: str):
+    """The lines of a shell script, continuations joined, comments dropped."""
+    joined = ""
+    for line in text.splitlines():
+        if line.lstrip().startswith("#"):
+            continue
+        line = line.split(" # ")[0].rstrip()
+        if line.endswith("\\"):
+            joined += line[:-1] + " "
+            continue
+        yield joined + line
+        joined = ""
+
+
 def script_calls(command: str):
     """(script, the flags after it) for each python/torchrun call in one shell line. Quoted arguments are left out:
     they carry another script's flags (bench/collapse_fixes.py --conditions "raw:--lr 5e-4")."""
@@ -66,9 +82,10 @@ def script_calls(command: str):
             yield m.group(1), FLAG.findall(re.sub(r"\"[^\"]*\"|'[^']*'", "", m.group(2)))
 
 
-@pytest.mark.parametrize("doc", DOCS)
+@pytest.mark.parametrize("doc", DOCS + SCRIPTS)
 def test_every_command_the_docs_show_passes_flags_its_script_has(doc, flags):
-    calls = [c for line in code_commands((REPO / doc).read_text()) for c in script_calls(line)]
+    lines = (shell_commands if doc.endswith(".sh") else code_commands)((REPO / doc).read_text())
+    calls = [c for line in lines for c in script_calls(line)]
     assert calls, f"{doc}: no command found (the parser above went blind)"
     unknown = sorted({s for s, _ in calls} - set(flags))
     assert not unknown, f"{doc} runs scripts that are not here: {unknown}"
