@@ -40,27 +40,8 @@ def flags() -> dict[str, set[str]]:
     return out
 
 
-def code_commands(text: str):
-    """The shell lines of the ```-fenced blocks (backslash continuations joined, comments dropped) and every
-    `inline` span that runs python or torchrun."""
-    fenced, joined = False, ""
-    for line in text.splitlines():
-        if line.startswith("```"):
-            fenced = not fenced
-            continue
-        if not fenced or line.lstrip().startswith("#"):
-            continue
-        line = line.split(" # ")[0].rstrip()
-        if line.endswith("\\"):
-            joined += line[:-1] + " "
-            continue
-        yield joined + line
-        joined = ""
-    yield from re.findall(r"`([^`\n]*\b(?:python3?|torchrun)\b[^`\n]*)`", text)
-
-
 def shell_commands(text: str):
-    """The lines of a shell script, continuations joined, comments dropped."""
+    """The lines of a shell script, backslash continuations joined, comments dropped."""
     joined = ""
     for line in text.splitlines():
         if line.lstrip().startswith("#"):
@@ -71,6 +52,18 @@ def shell_commands(text: str):
             continue
         yield joined + line
         joined = ""
+
+
+def code_commands(text: str):
+    """The shell lines of a document's ```-fenced blocks, and every `inline` span that runs python or torchrun."""
+    fenced, lines = False, []
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        elif fenced:
+            lines.append(line)
+    yield from shell_commands("\n".join(lines))
+    yield from re.findall(r"`([^`\n]*\b(?:python3?|torchrun)\b[^`\n]*)`", text)
 
 
 def script_calls(command: str):
