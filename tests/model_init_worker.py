@@ -84,9 +84,10 @@ def main(specs):
         print("RESULTS " + json.dumps([r for rank in gathered for r in rank]), flush=True)
     torch.distributed.barrier()                         # no rank tears the group down while another still uses it
     torch.distributed.destroy_process_group()
-    # Leave without the interpreter's teardown, which this test does not check: a gloo worker thread that lets go of a
-    # finished collective's tensor while Python finalizes takes the GIL there and aborts the process ("terminate called
-    # without an active exception", seen once in CI under load after RESULTS was printed; pytorch/pytorch#179291).
+    # Leave without the interpreter's teardown, which this test does not check. Once in CI, under load, rank 0 aborted
+    # there after RESULTS was printed ("terminate called without an active exception"); the likely cause, not
+    # reproduced here, is a gloo worker thread letting go of a finished collective's tensor while Python finalizes
+    # (pytorch/pytorch#179291).
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
