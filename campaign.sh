@@ -57,7 +57,7 @@ spawn() {   # NAME CMD…: CMD in the background once fewer than JOBS run, its o
   STARTED+=("$!:$NAME")
 }
 wait_all() {   # every spawned run is waited for; a failed one stops the campaign after the others
-  local JOB NAME FAILED=""
+  local JOB NAME FAILED=$1
   for JOB in "${STARTED[@]}"; do
     if wait "${JOB%%:*}"; then echo "   ${JOB#*:}: done"; else FAILED="$FAILED ${JOB#*:}"; fi
   done
@@ -66,6 +66,15 @@ wait_all() {   # every spawned run is waited for; a failed one stops the campaig
     for NAME in $FAILED; do echo "$NAME failed: see $RUN/logs/$NAME.log" >&2; done
     exit 1
   fi
+}
+wait_job() {   # NAME: one spawned run waited for (JOBS 1: it already ran); if it failed, the others, then the exit
+  local I JOB
+  for I in "${!STARTED[@]}"; do
+    JOB=${STARTED[$I]}
+    [ "${JOB#*:}" = "$1" ] || continue
+    unset "STARTED[$I]"
+    if wait "${JOB%%:*}"; then echo "   $1: done"; else wait_all "$1"; fi
+  done
 }
 
 if [ "$PAIR" = toy ]; then
@@ -98,8 +107,20 @@ fi
 echo "== 1. gates: tokenizers, prompt lengths, context, templates, shift anatomy (exits non-zero on a FAIL) =="
 run python 01_gates.py --run-dir "$RUN" --pair "$PAIR" --backend "$BACKEND"
 
+# From here on every stage's unit of work (the baselines, the RAFT teacher, each training run with its evals) is one
+# job of a single pool of JOBS processes, longest first, so that no core idles while a phase's last run finishes: the
+# only order the work needs is the RAFT teacher before its students. Each job's output is in $RUN/logs/<job>.log.
 echo "== 2. baselines: π_pre, π_post and the initial student on every benchmark and protocol =="
-run python 02_baselines.py --run-dir "$RUN" --pair "$PAIR" --backend "$BACKEND"
+spawn baselines python 02_baselines.py --run-dir "$RUN" --pair "$PAIR" --backend "$BACKEND"
+
+if [ -n "$RAFT_PAIR" ]; then
+  echo "== 7. RAFT teacher: π_pre's own verified samples, SFT, probes; then its eval units (gate G2 in 05) =="
+  raft_teacher() {
+    python 07_raft.py --run-dir "$RUN" --pair "$RAFT_PAIR" --backend "$BACKEND" "${RAFT_FLAGS[@]}"
+    python 02_baselines.py --run-dir "$RUN" --pair "$RAFT_PAIR" --models pi_post --backend "$BACKEND"
+  }
+  spawn raft-teacher raft_teacher
+fi
 
 echo "== 3. training: classic OPD from the stronger teacher, then Direct-OPD with both rewards, each for every seed =="
 # Seed 42's run is train/<reward> with every checkpoint evaluated (the curves); another seed S's is
@@ -131,11 +152,18 @@ for REWARD in opd delta-sampled delta-topk; do
     spawn "$(run_name "$REWARD" "$SEED")" train_and_eval "$PAIR" "$REWARD" "$SEED" "$REWARD"
   done
 done
-wait_all
+
+if [ -n "$RAFT_PAIR" ]; then
+  echo "== 3b. the RAFT student: Direct-OPD (delta-topk) on the RAFT pair, every seed (DESIGN.md §9, source §18) =="
+  wait_job raft-teacher
+  for SEED in $SEEDS; do
+    spawn "$(run_name delta-topk-raft "$SEED")" train_and_eval "$RAFT_PAIR" delta-topk "$SEED" delta-topk-raft
+  done
+fi
 
 COLLAPSE_ARM=${COLLAPSE_ARM:-default}
 if [ "$PAIR" = toy ] && [ "$COLLAPSE_ARM" != 0 ]; then
-  echo "== 3b. the collapse arm: Direct-OPD on toy-collapse (π_post has unlearned its stop token), raw and fixes =="
+  echo "== 3c. the collapse arm: Direct-OPD on toy-collapse (π_post has unlearned its stop token), raw and fixes =="
   # DESIGN.md §10. By default the raw condition and the two zero-stop-reward fixes (--eos-policy neutral, the method's
   # terminal form, and neutral-all, ours, for every top-K candidate) for every seed, and the other five fixes for the
   # first seed only (14 runs): enough for the report to say which fixes did not prevent the collapse, within the
@@ -184,29 +212,20 @@ if [ "$PAIR" = toy ] && [ "$COLLAPSE_ARM" != 0 ]; then
         --skip-if-exists
     fi
   }
-  for CONDITION in "${COLLAPSE_CONDITIONS[@]}"; do
-    for SEED in $SEEDS; do
-      spawn "$(run_name "collapse-${CONDITION%%:*}" "$SEED")" collapse_run "$CONDITION" "$SEED"
+  spawn_conditions() {   # SEEDS CONDITION…: each condition's run for each seed
+    local CSEEDS=$1 CONDITION SEED; shift
+    for CONDITION in "$@"; do
+      for SEED in $CSEEDS; do
+        spawn "$(run_name "collapse-${CONDITION%%:*}" "$SEED")" collapse_run "$CONDITION" "$SEED"
+      done
     done
-  done
-  for CONDITION in "${OTHER_FIXES[@]}"; do
-    for SEED in $OTHER_SEEDS; do
-      spawn "$(run_name "collapse-${CONDITION%%:*}" "$SEED")" collapse_run "$CONDITION" "$SEED"
-    done
-  done
-  wait_all
+  }
+  # low-lr first: its 40 steps make it the arm's longest job, and the pool starts the longest jobs first
+  spawn_conditions "$OTHER_SEEDS" "${OTHER_FIXES[-1]}"
+  spawn_conditions "$SEEDS" "${COLLAPSE_CONDITIONS[@]}"
+  spawn_conditions "$OTHER_SEEDS" "${OTHER_FIXES[@]:0:${#OTHER_FIXES[@]}-1}"
 fi
-
-if [ -n "$RAFT_PAIR" ]; then
-  echo "== 7. RAFT teacher: π_pre's own verified samples, SFT, probes; then its eval units (gate G2 in 05) =="
-  run python 07_raft.py --run-dir "$RUN" --pair "$RAFT_PAIR" --backend "$BACKEND" "${RAFT_FLAGS[@]}"
-  run python 02_baselines.py --run-dir "$RUN" --pair "$RAFT_PAIR" --models pi_post --backend "$BACKEND"
-  echo "== 3c. the RAFT student: Direct-OPD (delta-topk) on the RAFT pair, every seed (DESIGN.md §9, source §18) =="
-  for SEED in $SEEDS; do
-    spawn "$(run_name delta-topk-raft "$SEED")" train_and_eval "$RAFT_PAIR" delta-topk "$SEED" delta-topk-raft
-  done
-  wait_all
-fi
+wait_all
 
 echo "== 1b. cross-pair anatomy: every pair of this student scored on one frozen set of its rollouts (DESIGN.md §8.5) =="
 run python 01_gates.py --run-dir "$RUN" --pair "$PAIR" --gates anatomy_cross --backend "$BACKEND"

@@ -15,7 +15,7 @@ AVX2 + FMA level (x86-64-v3: every Intel CPU since Haswell, 2013, and every AMD 
     MKL_CBWR=AVX2                  MKL's conditional numerical reproducibility: its AVX2 code path on every such CPU
     OMP_NUM_THREADS=1, MKL_NUM_THREADS=1, torch.set_num_threads(1): one thread, one reduction order
     ONEDNN_MAX_CPU_ISA=AVX2 and torch.backends.mkldnn.enabled = False: oneDNN off (and pinned were it used)
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    deterministic algorithms on, warn-only (the flag torch.use_deterministic_algorithms sets; see pin())
 
 Why AVX2 and not the baseline: measured on the 2-core AMD EPYC (AVX-512) this project is built on, a toy model's
 forward+backward runs 3–4× faster on the AVX2 paths than on ATen's `default` kernels with MKL's COMPATIBLE branch
@@ -58,7 +58,10 @@ def pin() -> None:
     import torch
     torch.set_num_threads(1)
     torch.backends.mkldnn.enabled = False
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    # torch.use_deterministic_algorithms(True, warn_only=True) sets exactly this flag, and also torch._inductor's
+    # `deterministic` option, for which it imports the compiler stack: 2.3 s at every stage's start on the 2-core AMD
+    # EPYC, some 60 starts a toy campaign. Nothing is compiled on the pinned CPU path (--compile is off on CPU).
+    torch._C._set_deterministic_algorithms(True, warn_only=True)
 
 
 def names_toy(argv: list[str]) -> bool:

@@ -61,6 +61,21 @@ def test_pinned_training_ignores_a_hostile_environment():
     assert hostile[1:] == ("DEFAULT", 2) and hostile[0] != pinned[0]  # ... which on its own changes the bytes
 
 
+def test_pin_sets_every_documented_flag_without_importing_the_compiler():
+    script = textwrap.dedent("""
+        import sys; sys.path.insert(0, sys.argv[1])
+        from lib import cpu_repro
+        cpu_repro.pin()
+        import torch
+        print(torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+              torch.backends.mkldnn.enabled, torch.get_num_threads(), "torch._inductor" in sys.modules)
+    """)
+    out = subprocess.run([sys.executable, "-c", script, str(REPO)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    # deterministic (warn-only), oneDNN off, one thread; and the 2.3 s compiler import at every stage start avoided
+    assert out.stdout.split() == ["True", "True", "False", "1", "False"]
+
+
 def test_pin_after_torch_under_other_settings_fails_clearly():
     script = "import os, sys; sys.path.insert(0, sys.argv[1]); import torch; from lib import cpu_repro; cpu_repro.pin()"
     env = {**{k: v for k, v in os.environ.items() if k not in cpu_repro.PINNED_ENV}, **HOSTILE}
