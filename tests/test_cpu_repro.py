@@ -76,6 +76,17 @@ def test_pin_sets_every_documented_flag_without_importing_the_compiler():
     assert out.stdout.split() == ["True", "True", "False", "1", "False"]
 
 
+@pytest.mark.skipif(subprocess.run(["which", "lscpu"], capture_output=True).returncode != 0, reason="needs lscpu")
+def test_cpu_info_names_the_generation_lscpu_reports():
+    lscpu = dict(line.split(":", 1) for line in subprocess.run(["lscpu"], capture_output=True, text=True,
+                                                                 env={"LC_ALL": "C"}).stdout.splitlines() if ":" in line)
+    info = cpu_repro.cpu_info()
+    assert info["model"] == lscpu["Model name"].strip()
+    if "CPU family" in lscpu:
+        assert info["generation"] == (f"family {lscpu['CPU family'].strip()} model {lscpu['Model'].strip()} "
+                                      f"stepping {lscpu['Stepping'].strip()}")
+
+
 def test_pin_after_torch_under_other_settings_fails_clearly():
     script = "import os, sys; sys.path.insert(0, sys.argv[1]); import torch; from lib import cpu_repro; cpu_repro.pin()"
     env = {**{k: v for k, v in os.environ.items() if k not in cpu_repro.PINNED_ENV}, **HOSTILE}
