@@ -59,8 +59,8 @@ from lib.cli import (ArgumentParser, HelpFormatter, fraction, nonnegative_float,
                      positive_float, positive_int)
 from lib.data import prompt_ids, refuse_special_text, require_rows, stable_seed
 from lib.sample.completion import stop_ids
-from lib.sample.engine import HFEngine, explain_sampler_oom, load_engine, sample
-from lib.sample.vllm_engine import explain_oom
+from lib.sample.engine import HFEngine, load_engine, sample
+from lib.sample.resident import explain_oom
 from lib.train import dist as D
 from lib.train import checkpoint, opd
 from lib.train.model_init import build_scorer
@@ -700,5 +700,5 @@ def main(argv=None):
 
 if __name__ == "__main__":
     # an OOM beside a resident vLLM engine or the built-in sampler's resident cache: one line naming it and the fixes
-    with explain_oom(), explain_sampler_oom():
+    with explain_oom():
         main()

@@ -52,7 +52,7 @@ spawn() {   # NAME CMD…: CMD in the background once fewer than JOBS run, its o
   if [ "$JOBS" -le 1 ]; then run "$@"; return; fi
   mkdir -p "$RUN/logs"
   while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do sleep 1; done
-  echo "   $NAME: started (log: $RUN/logs/$NAME.log)"
+  echo "   $NAME: started at $(date +%T) (log: $RUN/logs/$NAME.log)"
   "$@" > "$RUN/logs/$NAME.log" 2>&1 &
   STARTED+=("$!:$NAME")
 }
@@ -234,4 +234,4 @@ echo "== 5. statistics =="
 run python 05_stats.py --run-dir "$RUN" --pair "$PAIR"
 echo "== 6. report =="
 run python 06_report.py --run-dir "$RUN"
-echo "done: $RUN/report/README.md"
+echo "done in $((SECONDS / 60)) min $((SECONDS % 60)) s: $RUN/report/README.md"

@@ -400,19 +400,21 @@ def test_step_phase_defaults_cpu_unchanged_cuda_scaled(world):
         gc.unfreeze()
 
 
-def explained_oom(monkeypatch, module, registry: str, record: dict, explain) -> str:
-    """The one line `explain()` (a context manager of `module`) makes of a CUDA OOM once `record` is in
-    `module.<registry>`, after checking that with nothing recorded an OOM passes unchanged, as any other error does
-    with or without a record, and that the line keeps the OOM as its cause."""
+def explained_oom(monkeypatch, record) -> str:
+    """The one line lib.sample.resident.explain_oom makes of a CUDA OOM once `record()` has recorded an engine, after
+    checking that with nothing recorded an OOM passes unchanged, as any other error does with or without a record,
+    and that the line keeps the OOM as its cause."""
+    from lib.sample import resident
+    monkeypatch.setattr(resident, "RESIDENT", {})
     oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.\nmore text")
     for err in (oom, ValueError("not memory")):             # nothing recorded: unchanged
-        with pytest.raises(type(err)) as caught, explain():
+        with pytest.raises(type(err)) as caught, resident.explain_oom():
             raise err
         assert caught.value is err
-    monkeypatch.setattr(module, registry, record)
-    with pytest.raises(ValueError), explain():
+    record()
+    with pytest.raises(ValueError), resident.explain_oom():
         raise ValueError("not memory")
-    with pytest.raises(SystemExit) as caught, explain():
+    with pytest.raises(SystemExit) as caught, resident.explain_oom():
         raise oom
     assert caught.value.__cause__ is oom
     msg = str(caught.value)
@@ -421,38 +423,40 @@ def explained_oom(monkeypatch, module, registry: str, record: dict, explain) -> 
 
 
 def test_an_oom_beside_a_resident_vllm_engine_names_its_share_and_the_fixes(monkeypatch):
-    """lib.sample.vllm_engine.explain_oom, around 03's main: with a resident engine recorded, a CUDA OOM becomes one line
-    with the engine's GiB, its share and both fixes; without one, the OOM passes unchanged, as any other error does."""
+    """lib.sample.resident.explain_oom, around 03's main: with a resident vLLM engine recorded (as VLLMEngine records
+    it on CUDA), a CUDA OOM becomes one line with the engine's GiB, its share and both fixes; without one, the OOM
+    passes unchanged, as any other error does."""
     from lib.sample import vllm_engine
-    msg = explained_oom(monkeypatch, vllm_engine, "RESIDENT", {"gib": 21.6, "share": 0.15}, vllm_engine.explain_oom)
-    assert "21.6 GiB" in msg and "--gpu-memory-utilization 0.15" in msg
+    msg = explained_oom(monkeypatch, lambda: vllm_engine.record_footprint(21.6, 0.15))
+    assert "vLLM engine" in msg and "(21.6 GiB)" in msg and "--gpu-memory-utilization 0.15" in msg
     assert "drop --no-vllm-sleep" in msg and "lower --gpu-memory-utilization" in msg
 
 
 def test_an_oom_beside_the_sampler_s_resident_cache_names_it_and_the_fixes(monkeypatch, world):
-    """lib.sample.engine.explain_sampler_oom, around 03's main: with the built-in sampler's cache recorded as resident,
-    a CUDA OOM becomes one line with its GiB, its slots and the fixes; without one, the OOM passes unchanged, as any
-    other error does. What 03 records (HFEngine.record_resident) is the held decoder's slots and its bytes, which
-    cover the K and V tensors it really holds (read from their storage, not from lib/sample/decode.slot_bytes'
-    formula) and are mostly them; after `sleep()` nothing is held or recorded."""
-    from lib.sample import engine as E
-    msg = explained_oom(monkeypatch, E, "RESIDENT_CACHE", {"gib": 17.5, "slots": 256}, E.explain_sampler_oom)
-    assert "17.5 GiB for 256 slots" in msg
-    assert "add --sampler-sleep" in msg and "lower --micro-batch" in msg and "--sampler-kv-margin" in msg
-
-    recorded = {}
-    monkeypatch.setattr(E, "RESIDENT_CACHE", recorded)
+    """lib.sample.resident.explain_oom, around 03's main: with the built-in sampler's cache recorded as resident
+    (HFEngine.record_resident, as 03 records it), a CUDA OOM becomes one line with its GiB, its slots and the fixes.
+    What is recorded is the held decoder's slots and its bytes, which cover the K and V tensors it really holds (read
+    from their storage, not from lib/sample/decode.slot_bytes' formula) and are mostly them; with nothing held,
+    nothing is recorded; and a cache beside a resident vLLM engine names both."""
+    from lib.sample import resident, vllm_engine
     eng = HFEngine(copy.deepcopy(world["lms"]["student"]), world["tok"], batch_size=3)
-    eng.record_resident()
-    assert eng.held_bytes() == 0 and recorded == {}
     prompts = world["prompts"]
     sample(eng, prompts, list(range(len(prompts))), temperature=1.0, top_p=1.0, max_new_tokens=6, progress=False)
-    eng.record_resident()
+    msg = explained_oom(monkeypatch, eng.record_resident)
+    gib = eng.held_bytes() / 2**30
+    assert "KV cache for 3 slots" in msg and f"({gib:.1f} GiB)" in msg
+    assert "add --sampler-sleep" in msg and "lower --micro-batch" in msg and "--sampler-kv-margin" in msg
+    both = explained_oom(monkeypatch, lambda: (eng.record_resident(), vllm_engine.record_footprint(21.6, 0.15)))
+    assert "KV cache for 3 slots" in both and "(21.6 GiB)" in both
+
+    recorded = resident.RESIDENT
     kv = sum(t.untyped_storage().nbytes() for t in eng.decoder.k + eng.decoder.v)
-    assert recorded["slots"] == eng.decoder.S == 3
-    assert recorded["gib"] * 2**30 == eng.held_bytes() and kv <= eng.held_bytes() <= 1.25 * kv
+    assert recorded["hf"]["slots"] == eng.decoder.S == 3
+    assert recorded["hf"]["gib"] * 2**30 == eng.held_bytes() and kv <= eng.held_bytes() <= 1.25 * kv
     eng.sleep()
     assert eng.held_bytes() == 0
+    eng.record_resident()
+    assert "hf" not in recorded
 
 
 # --- --student-scores sampler: the student's pre-update scores from the sampler's own logits ---

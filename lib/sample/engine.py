@@ -25,33 +25,13 @@ from contextlib import contextmanager
 import torch
 from tqdm.auto import tqdm
 
+from lib.sample import resident
 from lib.sample.completion import Completion, make_completion, stop_ids
 from lib.sample.decode import Decoder, runs, slot_bytes, workspace_bytes
 from lib.sample.draw import MODES
 from lib.sample.generate_fallback import GenerateDecoder
 
 # --- the hf backend ---
-
-# the built-in sampler's KV cache while it stays on the device through a trainer's other phases (03 without
-# --sampler-sleep, on CUDA): its GiB and slots, recorded by the trainer, read by explain_sampler_oom
-RESIDENT_CACHE: dict[str, float] = {}
-
-
-@contextmanager
-def explain_sampler_oom():
-    """Around a trainer that keeps the built-in sampler's cache resident: a CUDA out-of-memory error becomes one line
-    naming the cache and the fixes. With no cache recorded, an OOM passes through unchanged, as does any other
-    error."""
-    try:
-        yield
-    except torch.OutOfMemoryError as e:
-        if not RESIDENT_CACHE:
-            raise
-        raise SystemExit(f"CUDA out of memory beside the built-in sampler's KV cache ({RESIDENT_CACHE['gib']:.1f} GiB "
-                         f"for {RESIDENT_CACHE['slots']:.0f} slots, resident through scoring and the update): add "
-                         f"--sampler-sleep (it frees the cache outside generation), lower --micro-batch, or leave "
-                         f"more room with --sampler-kv-margin GIB. {str(e).splitlines()[0][:200]}") from e
-
 
 @contextmanager
 def _eval_mode(model):
@@ -199,11 +179,18 @@ class HFEngine:
         return slots * slot_bytes(self.model, max_len, max_new_tokens)
 
     def record_resident(self) -> None:
-        """Record the held cache (its GiB and slots) in RESIDENT_CACHE, for a trainer that keeps it on the device
-        through its other phases: an out-of-memory error there then names it (explain_sampler_oom). Nothing is
-        recorded while none is held."""
-        if self.held_bytes():
-            RESIDENT_CACHE.update(gib=self.held_bytes() / 2**30, slots=self.decoder_key[0])
+        """Record the held cache (its GiB and slots) in lib.sample.resident, for a trainer that keeps it on the device
+        through its other phases: an out-of-memory error there then names it and the fixes. While none is held,
+        nothing is recorded."""
+        if not self.held_bytes():
+            resident.forget("hf")
+            return
+        slots = self.decoder_key[0]
+        resident.record("hf", self.held_bytes() / 2**30, slots=slots,
+                        what=f"the built-in sampler's KV cache for {slots} slots, resident through scoring and the "
+                             f"update",
+                        fix="add --sampler-sleep (it frees the cache outside generation), lower --micro-batch, or "
+                            "leave more room with --sampler-kv-margin GIB")
 
     @torch.no_grad()
     def generate(self, prompts, seeds, *, temperature, top_p, max_new_tokens, progress) -> list[Completion]:

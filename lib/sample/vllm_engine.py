@@ -18,19 +18,19 @@ post-load processing — on CPU a plain `model.load_weights` fails on repacked G
 that reload misses (a tied lm_head, see `_repack_vocab_gemms`), then drops the prefix cache, whose KV blocks were
 computed with the old weights. Push the FULL state dict (HF names, full tensors —
 `DTensor.full_tensor()` under FSDP2). Sleep mode exists on CUDA only; elsewhere sleep()/wake_up() are no-ops and
-`sleep_note` says why. A resident CUDA engine (sleep mode off) records its footprint, and `explain_oom` around the
-trainer turns an out-of-memory error beside it into one line naming that footprint and the fixes. Scripts that build
-an engine need an `if __name__ == "__main__":` guard.
+`sleep_note` says why. A resident CUDA engine (sleep mode off) records its footprint in lib.sample.resident,
+whose `explain_oom` around the trainer turns an out-of-memory error beside it into one line naming it and the
+fixes. Scripts that build an engine need an `if __name__ == "__main__":` guard.
 """
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
 from functools import partial
 
 from tqdm.auto import tqdm
 
 from lib.sample.completion import Completion, make_completion, stop_ids
+from lib.sample.resident import record
 
 def _repack_vocab_gemms(worker) -> None:
     """vLLM-CPU packs each vocab matrix's GEMM weight after loading; reload_weights repacks only modules whose
@@ -42,23 +42,11 @@ def _repack_vocab_gemms(worker) -> None:
             m.quant_method.process_weights_after_loading(m)
 
 
-RESIDENT: dict[str, float] = {}    # a resident CUDA engine's footprint (GiB) and share, read by explain_oom
-
-
-@contextmanager
-def explain_oom():
-    """Around a trainer colocated with a resident engine (sleep mode off): a CUDA out-of-memory error becomes one line
-    naming the engine's footprint and the two fixes. Without a resident engine, an OOM passes through unchanged, as
-    does any other error."""
-    import torch
-    try:
-        yield
-    except torch.OutOfMemoryError as e:
-        if not RESIDENT:
-            raise
-        raise SystemExit(f"CUDA out of memory beside the resident vLLM engine ({RESIDENT['gib']:.1f} GiB at "
-                         f"--gpu-memory-utilization {RESIDENT['share']:g}, --no-vllm-sleep): let it sleep (drop "
-                         f"--no-vllm-sleep) or lower --gpu-memory-utilization. {str(e).splitlines()[0][:200]}") from e
+def record_footprint(gib: float, share: float) -> None:
+    """A resident CUDA engine's footprint, in lib.sample.resident: an out-of-memory error beside it then names it."""
+    record("vllm", gib, share=share,
+           what=f"the resident vLLM engine at --gpu-memory-utilization {share:g} (--no-vllm-sleep)",
+           fix="let it sleep (drop --no-vllm-sleep) or lower --gpu-memory-utilization")
 
 
 class VLLMEngine:
@@ -87,7 +75,7 @@ class VLLMEngine:
                        gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=self.sleep_note is None,
                        logprobs_mode="raw_logprobs", **llm_kwargs)
         if resident:
-            RESIDENT.update(gib=(free_before - torch.cuda.mem_get_info()[0]) / 2**30, share=gpu_memory_utilization)
+            record_footprint((free_before - torch.cuda.mem_get_info()[0]) / 2**30, gpu_memory_utilization)
         if tokenizer is None:
             from transformers import AutoTokenizer
             tokenizer = AutoTokenizer.from_pretrained(path)
