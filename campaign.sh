@@ -56,8 +56,8 @@ spawn() {   # NAME CMD…: CMD in the background once fewer than JOBS run, its o
   "$@" > "$RUN/logs/$NAME.log" 2>&1 &
   STARTED+=("$!:$NAME")
 }
-wait_all() {   # every spawned run is waited for; a failed one stops the campaign after the others
-  local JOB NAME FAILED=$1
+wait_all() {   # [FAILED]: every spawned run waited for; a failed one (or FAILED, already) stops the campaign after them
+  local JOB NAME FAILED=${1:-}
   for JOB in "${STARTED[@]}"; do
     if wait "${JOB%%:*}"; then echo "   ${JOB#*:}: done"; else FAILED="$FAILED ${JOB#*:}"; fi
   done

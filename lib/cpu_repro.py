@@ -80,9 +80,10 @@ def pin_if_toy(argv: list[str]) -> None:
 
 def cpu_info() -> dict:
     """This CPU's model name, its kernel-selecting ISA flags and its generation, from /proc/cpuinfo's first processor
-    (empty where there is none). The name alone can hide the generation, which a timing needs: the 2-core machines
-    named just "AMD EPYC" that this project ran on build the same toy bytes, and one of them is family 23 model 1
-    (Zen, 2017)."""
+    (empty where there is none). The name alone can hide the generation, which a timing needs: this project's 2-core
+    machines named just "AMD EPYC" build the same toy bytes (the pinned AVX2 paths), but one has AVX-512 and another
+    is family 23 model 1 (Zen, 2017; AVX2 only), and the toy campaign ran 2.6 times longer on the second
+    (README.md)."""
     fields: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as f:
