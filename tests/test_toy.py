@@ -325,16 +325,22 @@ def test_reduced_build_is_deterministic_in_a_hostile_environment(tmp_path, world
 
 
 def test_world_matches_the_committed_sha256(world):
-    """The four models of this machine's build are the bytes committed for its CPU model (lib/toy/world.sha256).
+    """The models of this machine's build are the bytes committed for its CPU model (lib/toy/world.sha256).
     A CPU model with nothing committed is skipped, naming it: the pinned math repeats run after run and across
-    machines of one CPU model, not across vendors (an Intel Xeon and an AMD EPYC built different bytes)."""
+    machines of one CPU model, not across vendors (an Intel Xeon and an AMD EPYC built different bytes). A model
+    added to the world since this CPU's block was committed (the Xeons' post-nostop) is skipped too, naming it, once
+    every committed one has matched."""
     committed_world, builds = world_bytes.read_expected()
     cpu = world["cpu_repro"]["cpu"]["model"]
     assert committed_world == world["hash"], "lib/toy/world.sha256 is for another world: `python -m lib.toy.builder write-sha256`"
     if cpu not in builds:
         pytest.skip(f"no toy-world bytes committed for this CPU ({cpu}); committed: {sorted(builds)}")
-    assert sorted(builds[cpu]) == sorted(builder.MODEL_NAMES)
-    assert {n: m["safetensors_sha256"] for n, m in world["models"].items()} == builds[cpu]
+    got = {n: m["safetensors_sha256"] for n, m in world["models"].items()}
+    assert set(builds[cpu]) <= set(got), f"world.sha256 names models this world has not: {set(builds[cpu]) - set(got)}"
+    assert {n: got[n] for n in builds[cpu]} == builds[cpu]
+    if missing := sorted(set(got) - set(builds[cpu])):   # a model added since this CPU's block (the Xeons' post-nostop)
+        assert world_bytes.check_expected(world)[0] is None
+        pytest.skip(f"{', '.join(missing)}: no sha256 committed for this CPU ({cpu}) yet; the other models match")
     assert world_bytes.check_expected(world)[0] is True
 
 
