@@ -184,7 +184,7 @@ if [ "$PAIR" = toy ] && [ "$COLLAPSE_ARM" != 0 ]; then
     "eos-neutral:--eos-policy neutral"
     "eos-neutral-all:--eos-policy neutral-all"
   )
-  OTHER_FIXES=(
+  OTHER_FIXES=(          # low-lr last: the arm's longest run, started first below
     "eos-clamp:--eos-policy clamp"
     "center:--reward-center"
     "stop-on-collapse:--stop-on-collapse"
@@ -220,7 +220,7 @@ if [ "$PAIR" = toy ] && [ "$COLLAPSE_ARM" != 0 ]; then
       done
     done
   }
-  # low-lr first: its 40 steps make it the arm's longest job, and the pool starts the longest jobs first
+  # low-lr (OTHER_FIXES' last) first: its 40 steps make it the arm's longest job, and the pool starts the longest first
   spawn_conditions "$OTHER_SEEDS" "${OTHER_FIXES[-1]}"
   spawn_conditions "$SEEDS" "${COLLAPSE_CONDITIONS[@]}"
   spawn_conditions "$OTHER_SEEDS" "${OTHER_FIXES[@]:0:${#OTHER_FIXES[@]}-1}"
