@@ -108,8 +108,10 @@ echo "== 1. gates: tokenizers, prompt lengths, context, templates, shift anatomy
 run python 01_gates.py --run-dir "$RUN" --pair "$PAIR" --backend "$BACKEND"
 
 # From here on every stage's unit of work (the baselines, the RAFT teacher, each training run with its evals) is one
-# job of a single pool of JOBS processes, longest first, so that no core idles while a phase's last run finishes: the
-# only order the work needs is the RAFT teacher before its students. Each job's output is in $RUN/logs/<job>.log.
+# job of a single pool of JOBS processes, so that no core idles while a phase's last run finishes. The only order the
+# work needs is the RAFT teacher before its students, so the teacher starts first; then the 45-step runs, then the
+# collapse arm's 40- and 20-step ones (the longer jobs first, so that a short one ends the pool). Each job's output is
+# in $RUN/logs/<job>.log.
 echo "== 2. baselines: π_pre, π_post and the initial student on every benchmark and protocol =="
 spawn baselines python 02_baselines.py --run-dir "$RUN" --pair "$PAIR" --backend "$BACKEND"
 
@@ -220,7 +222,7 @@ if [ "$PAIR" = toy ] && [ "$COLLAPSE_ARM" != 0 ]; then
       done
     done
   }
-  # low-lr (OTHER_FIXES' last) first: its 40 steps make it the arm's longest job, and the pool starts the longest first
+  # low-lr (OTHER_FIXES' last) first: its 40 steps make it the arm's longest job
   spawn_conditions "$OTHER_SEEDS" "${OTHER_FIXES[-1]}"
   spawn_conditions "$SEEDS" "${COLLAPSE_CONDITIONS[@]}"
   spawn_conditions "$OTHER_SEEDS" "${OTHER_FIXES[@]:0:${#OTHER_FIXES[@]}-1}"

@@ -82,8 +82,7 @@ def cpu_info() -> dict:
     """This CPU's model name, its kernel-selecting ISA flags and its generation, from /proc/cpuinfo's first processor
     (empty where there is none). The name alone can hide the generation, which a timing needs: this project's 2-core
     machines named just "AMD EPYC" build the same toy bytes (the pinned AVX2 paths), but one has AVX-512 and another
-    is family 23 model 1 (Zen, 2017; AVX2 only), and the toy campaign ran 2.6 times longer on the second
-    (README.md)."""
+    is family 23 model 1 (Zen, 2017; AVX2 only), and the toy campaign's times differ with them (README.md)."""
     fields: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as f:
