@@ -12,7 +12,7 @@ import pytest
 from lib.artifacts import REPO
 
 # The stand-in: "start|end <time> <argv>" lines in $FAKE_LOG; a 03 call makes the checkpoint folder campaign.sh then
-# evaluates; 07 takes 6 s; a call whose argv holds $FAKE_FAIL exits 3 after its start line.
+# evaluates; 07 takes 14 s; a call whose argv holds $FAKE_FAIL exits 3 after its start line.
 FAKE_PYTHON = textwrap.dedent("""\
     #!/usr/bin/env bash
     ARGS="$*"
@@ -25,7 +25,7 @@ FAKE_PYTHON = textwrap.dedent("""\
       mkdir -p "$RUN_DIR/train/$NAME/step_000001"
     fi
     sleep 0.05
-    [ "$1" = 07_raft.py ] && sleep 6      # the RAFT teacher outlasts the main runs before its students' turn
+    [ "$1" = 07_raft.py ] && sleep 14     # the RAFT teacher outlasts the spawns (1-s polls) before its students
     if [ -n "${FAKE_FAIL:-}" ] && grep -q -- "$FAKE_FAIL" <<< "$ARGS"; then exit 3; fi
     echo "end $(date +%s.%N) $ARGS" >> "$FAKE_LOG"
 """)
