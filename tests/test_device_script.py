@@ -18,21 +18,26 @@ fi
 """
 
 
-def run_step(tmp_path, **env) -> list[str]:
+def device_step(tmp_path, **env) -> str:
+    """bench/device.sh step under the stand-in python3; its stdout (the calls go to tmp_path/calls.log)."""
     shim = tmp_path / "bin"
     shim.mkdir(exist_ok=True)
     (shim / "python3").write_text(SHIM)
     (shim / "python3").chmod(0o755)
-    log = tmp_path / "calls.log"
-    log.unlink(missing_ok=True)
-    full = {**os.environ, "PATH": f"{shim}:{os.environ['PATH']}", "SHIM_LOG": str(log), "STEPS": "2",
-            "HOME": str(tmp_path), "SITE": str(tmp_path / "site"), **env}
+    (tmp_path / "calls.log").unlink(missing_ok=True)
+    full = {**os.environ, "PATH": f"{shim}:{os.environ['PATH']}", "SHIM_LOG": str(tmp_path / "calls.log"),
+            "STEPS": "2", "HOME": str(tmp_path), "SITE": str(tmp_path / "site"), **env}
     full.pop("OPD_CACHE", None)
     full.pop("OPD_DATA_DIR", None)
     out = subprocess.run(["bash", "bench/device.sh", "step"], cwd=REPO, env=full, capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
-    return log.read_text().splitlines()
+    return out.stdout
+
+
+def run_step(tmp_path, **env) -> list[str]:
+    device_step(tmp_path, **env)
+    return (tmp_path / "calls.log").read_text().splitlines()
 
 
 def test_step_with_old_runs_both_trees_on_the_same_data_and_weights(tmp_path):
@@ -61,19 +66,9 @@ def test_step_without_old_runs_ours_alone(tmp_path):
 def test_step_warns_when_the_disk_cannot_hold_the_final_checkpoint(tmp_path):
     """A full disk ends 03 with status 1 after its last step (it happened on the device: the source step's cached 7B
     weights left too little room), so the part says so before it starts, naming what to remove."""
-    def stdout(disk_gib):
-        shim = tmp_path / "bin"
-        shim.mkdir(exist_ok=True)
-        (shim / "python3").write_text(SHIM)
-        (shim / "python3").chmod(0o755)
-        full = {**os.environ, "PATH": f"{shim}:{os.environ['PATH']}", "SHIM_LOG": str(tmp_path / "calls.log"),
-                "STEPS": "2", "HOME": str(tmp_path), "SITE": str(tmp_path / "site"), "OUT": str(tmp_path / "out"),
-                "DISK_GIB": disk_gib}
-        out = subprocess.run(["bash", "bench/device.sh", "step"], cwd=REPO, env=full, capture_output=True, text=True,
-                             timeout=120)
-        assert out.returncode == 0, out.stdout + out.stderr
-        return out.stdout
-    warned = [ln for ln in stdout("1000000").splitlines() if ln.startswith("!! /tmp has")]
+    out = str(tmp_path / "out")
+    lines = device_step(tmp_path, OUT=out, DISK_GIB="1000000").splitlines()
+    warned = [ln for ln in lines if ln.startswith("!! /tmp has")]
     assert len(warned) == 1 and "qwen2.5-7b-*" in warned[0] and "status 1" in warned[0]
-    assert "!! /tmp has" not in stdout("0")
+    assert "!! /tmp has" not in device_step(tmp_path, OUT=out, DISK_GIB="0")
     assert "host CPU: " in (tmp_path / "out" / "device.txt").read_text()
