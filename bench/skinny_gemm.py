@@ -49,12 +49,16 @@ def projections(shape: dict) -> dict:
 
 
 def sweep(M: int, N: int, K: int, sms: int) -> list[str]:
-    """Tilings worth timing: tiles of 32–128 columns, 64–128 deep, SPLIT 1–8 with ≥ 1 and ≤ 16 programs per SM."""
+    """Tilings worth timing: tiles of 32–128 columns, 64–128 deep, SPLIT 1–8 with ≥ 1 and ≤ 16 programs per SM. Above
+    64 rows also row tiles of 128 (`m128`: each weight tile read by half as many programs), and SPLIT ≤ 4: the fp32
+    partials (SPLIT × M × N × 4 bytes) grow with the rows and are read again by the consumer."""
     out = []
-    for bn, bk, split in itertools.product((32, 64, 128), (64, 128), (1, 2, 4, 8)):
-        programs = -(-M // 64) * split * -(-N // bn)
+    big = M > 64
+    for bm, bn, bk, split in itertools.product((64, 128) if big else (64,), (32, 64, 128), (64, 128),
+                                               (1, 2, 4) if big else (1, 2, 4, 8)):
+        programs = -(-M // bm) * split * -(-N // bn)
         if K // split >= bk and sms // 2 <= programs <= 16 * sms:
-            out.append(f"n{bn}k{bk}s{split}w{8 if bn == 128 else 4}")
+            out.append(f"n{bn}k{bk}s{split}w{8 if 128 in (bn, bm) else 4}" + ("m128" if bm == 128 else ""))
     return out
 
 
