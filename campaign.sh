@@ -110,7 +110,7 @@ run python 01_gates.py --run-dir "$RUN" --pair "$PAIR" --backend "$BACKEND"
 # From here on every stage's unit of work (the baselines, the RAFT teacher, each training run with its evals) is one
 # job of a single pool of JOBS processes, so that no core idles while a phase's last run finishes. The only order the
 # work needs is the RAFT teacher before its students, so the teacher starts first; then the 45-step runs, then the
-# collapse arm's 40- and 20-step ones (the longer jobs first, so that a short one ends the pool). Each job's output is
+# collapse arm's 80- and 40-step ones (the longer jobs first, so that a short one ends the pool). Each job's output is
 # in $RUN/logs/<job>.log.
 echo "== 2. baselines: π_pre, π_post and the initial student on every benchmark and protocol =="
 spawn baselines python 02_baselines.py --run-dir "$RUN" --pair "$PAIR" --backend "$BACKEND"
@@ -172,14 +172,16 @@ if [ "$PAIR" = toy ] && [ "$COLLAPSE_ARM" != 0 ]; then
   # campaign's time; COLLAPSE_ARM=all runs every fix for every seed (24 runs). One run name per condition and seed;
   # 05 pools only runs of identical settings (lib/report/conditions.py). The learning rates are lib/registry.py's
   # TOY_COLLAPSE_LR / TOY_COLLAPSE_LOW_LR (its hypotheses select the conditions by them); the caps are the student
-  # toy-long's (64 response tokens). 20 steps of 16 prompts × 4 at lr 5e-4: on the AMD EPYC's bytes every raw seed of
-  # five collapsed (onsets 7-9) and still reached its answer as often as the initial student (source §8.3: a lost stop
-  # token, not a destroyed policy), and neutral and neutral-all each held all five; at lr 2.5e-3 the collapse came
-  # sooner (onsets 3-6) but destroyed the working too (bench/collapse_fixes.py; DESIGN.md §10 has both tables). The
-  # low-lr condition is the source's H5, 5× lower, run twice as long (40 steps: at 20 its runaway has barely begun).
+  # toy-long's (64 response tokens). 40 steps of 16 prompts × 4 at lr 7.5e-4, chosen so that the arm shows the same
+  # thing on both CPU vendors' bytes: on an Intel Xeon every raw seed collapsed (onsets 19 / 21 / 25) and neutral-all
+  # held every seed, on the AMD EPYC raw collapsed at 16 / 7 / 6 and neutral-all held every seed. The arm's earlier
+  # setting, 20 steps at 5e-4, collapsed every EPYC seed of five (onsets 7-9) but no Xeon seed of three (peak clip
+  # 0.12-0.38): a finding of one vendor's bytes. At lr 2.5e-3 the collapse came sooner on both (onsets 2-6) but
+  # destroyed the working too (bench/collapse_fixes.py; DESIGN.md §10 has the tables). The low-lr condition is the
+  # source's H5, 5× lower, run twice as long (80 steps).
   # The raw and low-lr conditions' last checkpoints are evaluated: how often the collapsed student's samples, truncated
   # ones included, still reach its answer (the report's §5.3 "reached %").
-  COLLAPSE_FLAGS=(--pair toy-collapse --reward delta-topk --steps 20 --batch-prompts 16 --lr 5e-4 --save-every 20
+  COLLAPSE_FLAGS=(--pair toy-collapse --reward delta-topk --steps 40 --batch-prompts 16 --lr 7.5e-4 --save-every 40
                   --micro-batch 32)
   COLLAPSE_CONDITIONS=(   # name: the flags added to COLLAPSE_FLAGS (a later --lr or --steps overrides the first)
     "raw:"
@@ -191,7 +193,7 @@ if [ "$PAIR" = toy ] && [ "$COLLAPSE_ARM" != 0 ]; then
     "center:--reward-center"
     "stop-on-collapse:--stop-on-collapse"
     "kl-max:--kl-mode constant --kl-coef 2.5"
-    "low-lr:--lr 1e-4 --steps 40"
+    "low-lr:--lr 1.5e-4 --steps 80"
   )
   read -ra FIRST_SEED <<< "$SEEDS"   # the default runs the other fixes for ${FIRST_SEED[0]} only
   OTHER_SEEDS=${FIRST_SEED[0]}
@@ -222,7 +224,7 @@ if [ "$PAIR" = toy ] && [ "$COLLAPSE_ARM" != 0 ]; then
       done
     done
   }
-  # low-lr (OTHER_FIXES' last) first: its 40 steps make it the arm's longest job
+  # low-lr (OTHER_FIXES' last) first: its 80 steps make it the arm's longest job
   spawn_conditions "$OTHER_SEEDS" "${OTHER_FIXES[-1]}"
   spawn_conditions "$SEEDS" "${COLLAPSE_CONDITIONS[@]}"
   spawn_conditions "$OTHER_SEEDS" "${OTHER_FIXES[@]:0:${#OTHER_FIXES[@]}-1}"

@@ -209,7 +209,7 @@ HYPOTHESES = (
 # The collapse arm (pair toy-collapse, DESIGN.md §10): one condition per fix, each a setting of campaign.sh's collapse
 # runs (delta-topk at TOY_COLLAPSE_LR; the low-lr condition at TOY_COLLAPSE_LOW_LR). Each selection names every
 # setting that tells its condition from the others.
-TOY_COLLAPSE_LR, TOY_COLLAPSE_LOW_LR = 5e-4, 1e-4
+TOY_COLLAPSE_LR, TOY_COLLAPSE_LOW_LR = 7.5e-4, 1.5e-4
 _TOPK_RAW_EOS = (("reward", "delta-topk"), ("stop_on_collapse", False))
 _RAW = _TOPK_RAW_EOS + (("eos_policy", "raw"), ("reward_center", False), ("kl_mode", "adaptive"),
                         ("lr", TOY_COLLAPSE_LR))

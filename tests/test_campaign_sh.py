@@ -85,9 +85,24 @@ def test_every_run_once_at_most_jobs_at_a_time_in_the_order_the_work_needs(tmp_p
              first(lambda a: a.startswith("06_report.py"))]
     assert all(a["start"] >= max(c["end"] for c in pool) for a in after)   # statistics after every run
     assert [a["start"] for a in after] == sorted(a["start"] for a in after)
-    # the longer jobs first: the collapse arm's 40-step low-lr run before its 20-step ones
+    # the longer jobs first: the collapse arm's 80-step low-lr run before its 40-step ones
     arm = [run_name(c) for c in calls if (run_name(c) or "").startswith("collapse-")]
     assert arm[0] == "collapse-low-lr"
+    # the arm's learning rates are lib/registry.py's, by which its hypotheses select the runs (of a flag given twice,
+    # 03 reads the last); the low-lr condition is 5× lower and runs twice as long
+    from lib.registry import TOY_COLLAPSE_LOW_LR, TOY_COLLAPSE_LR
+
+    def last(call: dict, flag: str) -> str:
+        argv = call["argv"].split()
+        return argv[len(argv) - argv[::-1].index(flag)]
+
+    arm_calls = [c for c in calls if c["argv"].startswith("03_opd_train.py") and "--pair toy-collapse" in c["argv"]]
+    steps = int(last(next(c for c in arm_calls if run_name(c) == "collapse-raw"), "--steps"))
+    for c in arm_calls:
+        low = run_name(c) == "collapse-low-lr"
+        assert float(last(c, "--lr")) == (TOY_COLLAPSE_LOW_LR if low else TOY_COLLAPSE_LR), c["argv"]
+        assert int(last(c, "--steps")) == (2 * steps if low else steps), c["argv"]
+    assert TOY_COLLAPSE_LOW_LR == pytest.approx(TOY_COLLAPSE_LR / 5)
 
 
 @pytest.mark.parametrize("fail", ["--run-name opd-seed1", "07_raft.py"])

@@ -23,6 +23,7 @@ import pytest
 
 from helpers import run_script
 from lib.artifacts import atomic_write_json, atomic_write_jsonl, now_iso, read_json, sha256_file, write_manifest
+from lib.registry import TOY_COLLAPSE_LOW_LR
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parent.parent
@@ -1350,7 +1351,7 @@ ARM_RUNS = {"arm-raw": ({}, 20, 8, 1.0), "arm-raw-seed1": ({"seed": 1}, 20, 9, 1
             "arm-clamp": ({"eos_policy": "clamp"}, 20, 8, 0.45),
             "arm-center": ({"reward_center": True, "time_limit": 600.0}, 12, 8, 0.05),
             "arm-kl-max": ({"kl_mode": "constant"}, 20, 10, 1.0),
-            "arm-low-lr": ({"lr": 1e-4, "steps": 40}, 40, 30, 0.05),
+            "arm-low-lr": ({"lr": TOY_COLLAPSE_LOW_LR, "steps": 40}, 40, 30, 0.05),
             "toy-twin-of-neutral": ({"pair": "toy", "eos_policy": "neutral"}, 20, 8, 1.0)}
 ARM_VERDICTS = {"toy-collapse-sink": "holds", "toy-collapse-neutral": "holds", "toy-collapse-neutral-all": "undecided",
                 "toy-collapse-clamp": "fails", "toy-collapse-center": "undecided", "toy-collapse-kl-max": "fails",

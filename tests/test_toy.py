@@ -328,8 +328,8 @@ def test_world_matches_the_committed_sha256(world):
     """The models of this machine's build are the bytes committed for its CPU model (lib/toy/world.sha256).
     A CPU model with nothing committed is skipped, naming it: the pinned math repeats run after run and across
     machines of one CPU model, not across vendors (an Intel Xeon and an AMD EPYC built different bytes). A model
-    added to the world since this CPU's block was committed (the Xeons' post-nostop) is skipped too, naming it, once
-    every committed one has matched."""
+    added to the world since this CPU's block was committed (post-nostop on the Xeon @ 2.80GHz) is skipped too,
+    naming it, once every committed one has matched."""
     committed_world, builds = world_bytes.read_expected()
     cpu = world["cpu_repro"]["cpu"]["model"]
     assert committed_world == world["hash"], "lib/toy/world.sha256 is for another world: `python -m lib.toy.builder write-sha256`"
@@ -338,7 +338,7 @@ def test_world_matches_the_committed_sha256(world):
     got = {n: m["safetensors_sha256"] for n, m in world["models"].items()}
     assert set(builds[cpu]) <= set(got), f"world.sha256 names models this world has not: {set(builds[cpu]) - set(got)}"
     assert {n: got[n] for n in builds[cpu]} == builds[cpu]
-    if missing := sorted(set(got) - set(builds[cpu])):   # a model added since this CPU's block (the Xeons' post-nostop)
+    if missing := sorted(set(got) - set(builds[cpu])):   # added since this CPU's block (the 2.80GHz Xeon's post-nostop)
         assert world_bytes.check_expected(world)[0] is None
         pytest.skip(f"{', '.join(missing)}: no sha256 committed for this CPU ({cpu}) yet; the other models match")
     assert world_bytes.check_expected(world)[0] is True
