@@ -13,7 +13,7 @@ The default conditions are the stop-token fixes of DESIGN.md §7.6 that campaign
     neutral-all        --eos-policy neutral-all     and the stop token's own reward 0 wherever it is a candidate
     conditional        --eos-policy conditional     teachers conditioned on going on, the stop probability left alone
     neutral-all+mask   … --truncated-policy mask    and no reward on a response the cap cut
-    neutral+low-lr     --eos-policy neutral --lr 1e-4 (campaign.sh's lr / 5)
+    neutral+low-lr     --eos-policy neutral --lr 1.5e-4 (campaign.sh's lr / 5)
 
     python bench/collapse_fixes.py --out /tmp/fixes                    # 5 conditions × seeds 42 1 2 3 4, ~20 min
     python bench/collapse_fixes.py --out /tmp/fixes --seeds 42 --conditions "raw:" "neutral:--eos-policy neutral"
@@ -26,7 +26,7 @@ wrote on where it should have stopped (`Answer: 60000+1=1.`: the digits glue ont
 later line) counts as having reached it; one whose working broke does not.
 
     python bench/collapse_fixes.py --out /tmp/lowlr --seeds 42 1 2 3 4 --eval \
-        --conditions "raw:" "low-lr:--lr 1e-4 --steps 40"
+        --conditions "raw:" "low-lr:--lr 1.5e-4 --steps 80"
 
 A run whose manifest exists is not run again, nor an eval unit that exists evaluated again (the same --out continues
 an interrupted probe). Writes OUT/collapse_fixes.json (one row per run; with --eval each row has its "eval" and the
@@ -51,7 +51,7 @@ CONDITIONS = (
     "neutral-all:--eos-policy neutral-all",
     "conditional:--eos-policy conditional",
     "neutral-all+mask:--eos-policy neutral-all --truncated-policy mask",
-    "neutral+low-lr:--eos-policy neutral --lr 1e-4",
+    "neutral+low-lr:--eos-policy neutral --lr 1.5e-4",
 )
 
 
