@@ -696,7 +696,7 @@ def main(argv=None):
                        extra={"world_size": W})
         print(f"[03] done: {out} | collapse watch {json.dumps(watch.summary())}")
     if args.backend != "vllm":   # vLLM tears the groups down itself at exit (destroying them first breaks that)
-        torch.distributed.destroy_process_group()
+        D.finish()
 
 
 if __name__ == "__main__":

@@ -371,8 +371,7 @@ def stage_sft(args, out, base, pre, tok):
             "device": d.device.type,
             "wall_s": time.monotonic() - t0})
         log(f"[07] SFT done: val loss {' → '.join(f'{v:.4f}' for _, v in val_curve)}; {out / 'model'}")
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
+    D.finish()
 
 
 # --- stage 3: shift sanity, EOS probe, weight change, shift anatomy ---

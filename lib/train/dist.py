@@ -58,6 +58,15 @@ def init() -> Dist:
     return Dist(dist.get_rank(), dist.get_world_size(), local, device)
 
 
+def finish() -> None:
+    """Leave the process group together: every rank waits here for the others, then destroys its group. A rank that
+    destroyed its group while its peer was still at work (rank 0 checking its checkpoints and writing the manifest)
+    once died at exit with `terminate called without an active exception`, a gloo thread left joinable (rank 1 of a
+    two-process CPU run, after its last step, with the test suite loading both cores)."""
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
     lm = getattr(model, "lm", model)
     return lm.model.layers
