@@ -47,3 +47,24 @@ def test_tiling_grammar_and_defaults():
     assert defaults(8, cuda=True) == defaults(64, True, 8960) == {"down": tiling("n32k128s8w4")}
     assert defaults(64, True, 18944) == defaults(64, True, 16000) == {"down": tiling("n64k128s4w4")}
     assert defaults(64, True, 4864) == {"down": tiling("n32k128s8w4")}      # (0.5B's 4,864: the nearer, 1.5B's)
+
+
+def test_the_benchs_sweep_names_tilings_the_kernel_reads_back():
+    """bench/skinny_gemm.py's sweep: every name it times parses (tiling()) to the row tile, SPLIT and program count it
+    was chosen for. Above 64 rows it adds row tiles of 128 and stops at SPLIT 4; at 64 rows and below it is unchanged."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parent.parent / "bench" / "skinny_gemm.py"
+    spec = importlib.util.spec_from_file_location("bench_skinny_gemm", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    sms = 132
+    for M, N, K in [(64, 2048, 1536), (256, 2048, 1536), (256, 1536, 8960)]:
+        names = bench.sweep(M, N, K, sms)
+        got = [tiling(n) for n in names]
+        assert names and len(set(names)) == len(names)
+        for n, t in zip(names, got):
+            programs = -(-M // t["bm"]) * t["split"] * -(-N // t["bn"])
+            assert sms // 2 <= programs <= 16 * sms and K // t["split"] >= t["bk"], n
+        assert {t["bm"] for t in got} == ({64, 128} if M > 64 else {64})
+        assert max(t["split"] for t in got) == (4 if M > 64 else 8)
