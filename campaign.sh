@@ -7,6 +7,9 @@
 #   COLLAPSE_ARM=all bash campaign.sh                  # the toy's collapse arm with every fix for every seed
 #                                                      # (DESIGN.md §10; default: the other five fixes for the first
 #                                                      # seed only); COLLAPSE_ARM=0: without it
+#   RAFT=0 bash campaign.sh                            # the toy without the RAFT teacher and its students (the
+#                                                      # teacher's sampling is the pool's longest chain: with many
+#                                                      # cores, the rest of the campaign ends well before it)
 #
 # Every stage skips what is already done (finished eval units, finished training runs) and refuses files whose
 # hashes no longer match their manifest, so a killed campaign is continued by running the same command again.
@@ -87,6 +90,7 @@ if [ "$PAIR" = toy ]; then
   # emulated on the pinned AVX2 path: 8 min 13 s for the SFT instead of 1 min 1 s)
   RAFT_PAIR=toy-raft
   RAFT_FLAGS=(--sample-batch 256 --g1-min 500 --lr 3e-4 --micro-batch 16 --no-bf16)
+  if [ "${RAFT:-1}" = 0 ]; then RAFT_PAIR=""; fi   # RAFT=0: the report lists the RAFT units as pending
 else
   TRAIN_FLAGS=()
   CKPT_EVALS="aime24:curve8 aime25:curve8 math500:sample4"

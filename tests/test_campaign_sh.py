@@ -37,14 +37,14 @@ ARM = ([f"collapse-{c}{'' if s == '42' else f'-seed{s}'}" for c in ("raw", "eos-
         for s in SEEDS] + [f"collapse-{c}" for c in ("eos-clamp", "center", "stop-on-collapse", "kl-max", "low-lr")])
 
 
-def campaign(tmp_path, fail: str = "") -> tuple[subprocess.CompletedProcess, list[dict]]:
+def campaign(tmp_path, fail: str = "", **env_vars) -> tuple[subprocess.CompletedProcess, list[dict]]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     (bin_dir / "python").write_text(FAKE_PYTHON)
     (bin_dir / "python").chmod(0o755)
     log = tmp_path / "calls.log"
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RUN": str(tmp_path / "run"),
-           "SEEDS": " ".join(SEEDS), "FAKE_LOG": str(log), "FAKE_FAIL": fail}
+           "SEEDS": " ".join(SEEDS), "FAKE_LOG": str(log), "FAKE_FAIL": fail, **env_vars}
     p = subprocess.run(["bash", str(REPO / "campaign.sh")], env=env, capture_output=True, text=True, timeout=300)
     calls: dict[str, dict] = {}
     for line in log.read_text().splitlines():
@@ -115,3 +115,13 @@ def test_a_failed_job_stops_the_campaign_naming_it(tmp_path, fail):
     assert all("end" in c for c in calls if fail not in c["argv"])        # the running jobs were waited for
     if name == "raft-teacher":                                              # its students never start
         assert not any("--pair toy-raft" in c["argv"] and c["argv"].startswith("03_opd_train.py") for c in calls)
+
+
+def test_raft_0_runs_every_other_run_and_no_raft_stage(tmp_path):
+    """RAFT=0: no 07, no RAFT-pair eval or training, every other run as by default, statistics and report still."""
+    p, calls = campaign(tmp_path, RAFT="0")
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert not any(c["argv"].startswith("07_raft.py") or "toy-raft" in c["argv"] for c in calls)
+    trained = [run_name(c) for c in calls if c["argv"].startswith("03_opd_train.py")]
+    assert sorted(trained) == sorted(MAIN + ARM)
+    assert [c["argv"].split()[0] for c in calls[-2:]] == ["05_stats.py", "06_report.py"]
