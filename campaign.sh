@@ -7,9 +7,8 @@
 #   COLLAPSE_ARM=all bash campaign.sh                  # the toy's collapse arm with every fix for every seed
 #                                                      # (DESIGN.md §10; default: the other five fixes for the first
 #                                                      # seed only); COLLAPSE_ARM=0: without it
-#   RAFT=0 bash campaign.sh                            # the toy without the RAFT teacher and its students (the
-#                                                      # teacher's sampling is the pool's longest chain: with many
-#                                                      # cores, the rest of the campaign ends well before it)
+#   RAFT=0 bash campaign.sh                            # the toy without the RAFT teacher and its students (3 of
+#                                                      # its 26 training runs); the report lists their units pending
 #
 # Every stage skips what is already done (finished eval units, finished training runs) and refuses files whose
 # hashes no longer match their manifest, so a killed campaign is continued by running the same command again.
