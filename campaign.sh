@@ -9,6 +9,8 @@
 #                                                      # seed only); COLLAPSE_ARM=0: without it
 #   RAFT=0 bash campaign.sh                            # the toy without the RAFT teacher and its students (3 of
 #                                                      # its 26 training runs); the report lists their units pending
+#   TRAIN_EXTRA="--packing on --share-prompts" bash campaign.sh   # flags added to every training run (a later
+#                                                      # value of a flag overrides the campaign's own)
 #
 # Every stage skips what is already done (finished eval units, finished training runs) and refuses files whose
 # hashes no longer match their manifest, so a killed campaign is continued by running the same command again.
@@ -23,6 +25,7 @@ BACKEND=${BACKEND:-hf}
 if [ "$PAIR" = toy ]; then SEEDS=${SEEDS:-42 1 2}; else SEEDS=${SEEDS:-42}; fi
 # Training runs at once (the toy: two one-thread processes on a 2-core machine; a real pair: one, on all GPUs)
 if [ "$PAIR" = toy ]; then JOBS=${JOBS:-2}; else JOBS=${JOBS:-1}; fi
+TRAIN_EXTRA=${TRAIN_EXTRA:-}          # 03 flags for every training run, split on spaces (none may hold one)
 export PYTHONUNBUFFERED=1
 
 # one campaign per run dir: a flock held (by this shell and every stage it starts) until the campaign ends
@@ -140,7 +143,7 @@ train_and_eval() {   # TRAIN_PAIR REWARD SEED BASE: one training run, train/BASE
   else
     # the same command starts, continues (from the last complete checkpoint) or seals a killed run
     python 03_opd_train.py --nproc "$NPROC" --pair "$TRAIN_PAIR" --run-dir "$RUN" --reward "$REWARD" --seed "$SEED" \
-      --run-name "$NAME" "${TRAIN_FLAGS[@]}"
+      --run-name "$NAME" "${TRAIN_FLAGS[@]}" $TRAIN_EXTRA
   fi
   echo "== 4. evaluating the $NAME checkpoints =="
   mapfile -t CKPTS < <(ls -d "$OUT"/step_*/ | sort -V)        # one path a line: a run dir may hold spaces
@@ -211,7 +214,7 @@ if [ "$PAIR" = toy ] && [ "$COLLAPSE_ARM" != 0 ]; then
     else
       # shellcheck disable=SC2086  (FLAGS: flags split on spaces, none holds one)
       python 03_opd_train.py --nproc "$NPROC" --run-dir "$RUN" --seed "$SEED" --run-name "$NAME" \
-        "${COLLAPSE_FLAGS[@]}" $FLAGS
+        "${COLLAPSE_FLAGS[@]}" $FLAGS $TRAIN_EXTRA
     fi
     if [ "$COND" = raw ] || [ "$COND" = low-lr ]; then
       CKPT=$(ls -d "$OUT"/step_*/ | sort -V | tail -n 1)

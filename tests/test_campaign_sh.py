@@ -125,3 +125,14 @@ def test_raft_0_runs_every_other_run_and_no_raft_stage(tmp_path):
     trained = [run_name(c) for c in calls if c["argv"].startswith("03_opd_train.py")]
     assert sorted(trained) == sorted(MAIN + ARM)
     assert [c["argv"].split()[0] for c in calls[-2:]] == ["05_stats.py", "06_report.py"]
+
+
+def test_train_extra_reaches_every_training_run_last(tmp_path):
+    """TRAIN_EXTRA: its flags on every 03 call (main, RAFT students, the arm), after the campaign's own and a
+    condition's, so that a flag given there is the one 03 reads; no other stage gets them."""
+    p, calls = campaign(tmp_path, TRAIN_EXTRA="--packing on --share-prompts")
+    assert p.returncode == 0, p.stderr[-2000:]
+    trained = [c["argv"] for c in calls if c["argv"].startswith("03_opd_train.py")]
+    assert len(trained) == len(MAIN + RAFT + ARM)
+    assert all(a.endswith(" --packing on --share-prompts") for a in trained)
+    assert not any("--share-prompts" in c["argv"] for c in calls if not c["argv"].startswith("03_opd_train.py"))
