@@ -142,6 +142,7 @@ train_and_eval() {   # TRAIN_PAIR REWARD SEED BASE: one training run, train/BASE
     echo "$OUT is finished: skipped"
   else
     # the same command starts, continues (from the last complete checkpoint) or seals a killed run
+    # shellcheck disable=SC2086  (TRAIN_EXTRA: flags split on spaces, none holds one)
     python 03_opd_train.py --nproc "$NPROC" --pair "$TRAIN_PAIR" --run-dir "$RUN" --reward "$REWARD" --seed "$SEED" \
       --run-name "$NAME" "${TRAIN_FLAGS[@]}" $TRAIN_EXTRA
   fi

@@ -58,13 +58,18 @@ from lib.toy.task import STOP  # noqa: E402
 ANSWER = re.compile(r"Answer:\s*(-?\d+)")
 
 
+def campaign_array(name: str) -> list[str]:
+    """The first `NAME=( … )` array of campaign.sh (for TRAIN_FLAGS: the toy's), as the campaign passes it to 03."""
+    text = (ROOT / "campaign.sh").read_text()
+    m = re.search(rf"\b{name}=\((.*?)\)", text, re.S)
+    if m is None:
+        raise SystemExit(f"campaign.sh has no {name}=( … ) array; update bench/nostop_probe.campaign_array's callers")
+    return m.group(1).split()
+
+
 def collapse_flags() -> list[str]:
     """campaign.sh's COLLAPSE_FLAGS array, as the campaign passes it to 03."""
-    text = (ROOT / "campaign.sh").read_text()
-    m = re.search(r"COLLAPSE_FLAGS=\((.*?)\)", text, re.S)
-    if m is None:
-        raise SystemExit("nostop_probe: campaign.sh has no COLLAPSE_FLAGS=( … ) array; update this probe")
-    return m.group(1).split()
+    return campaign_array("COLLAPSE_FLAGS")
 
 
 def samples(tok, models_seeds: list, rows: list[dict], cap: int) -> list[tuple[list[int], list[int]]]:

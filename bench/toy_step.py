@@ -19,6 +19,7 @@ vendors if the campaign adopted it (bench/RESULTS.md §17 has what it measured).
 
     python bench/toy_step.py --out /tmp/toystep                        # the collapse arm's step, 8 steps a variant
     python bench/toy_step.py --out /tmp/toystep --preset main          # the main runs' step (32 × 4, cap 48)
+    python bench/toy_step.py --out /tmp/toystep --dry-run              # the 03 commands, not run
 
 Writes OUT/toy_step.json (one row per variant: the medians, the tokens, the step-1 metrics).
 """
@@ -34,25 +35,28 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
 
 from lib.cpu_repro import cpu_info, pinned_env  # noqa: E402
+from nostop_probe import campaign_array  # noqa: E402
 
 VARIANTS = {"padded": [], "packed": ["--packing", "on"], "shared": ["--packing", "on", "--share-prompts"]}
-# the campaign's own settings (campaign.sh's TRAIN_FLAGS and COLLAPSE_FLAGS), without their checkpoints
-PRESETS = {
-    "arm": ["--pair", "toy-collapse", "--reward", "delta-topk", "--batch-prompts", "16", "--lr", "7.5e-4",
-            "--micro-batch", "32"],
-    "main": ["--pair", "toy", "--reward", "delta-topk", "--batch-prompts", "32", "--lr", "2e-4", "--micro-batch", "32"],
-}
+# the campaign's own flags, read from campaign.sh (the arm's COLLAPSE_FLAGS; the main runs' toy TRAIN_FLAGS with the
+# delta-topk reward); --steps and --save-every after them override theirs
+PRESETS = {"arm": lambda: campaign_array("COLLAPSE_FLAGS"),
+           "main": lambda: ["--pair", "toy", "--reward", "delta-topk", *campaign_array("TRAIN_FLAGS")]}
 PHASES = ("step", "gen", "score", "update", "optimizer")
 STEP1 = ("delta_opd/weighted_reward_mean", "response_length/mean", "actor/grad_norm", "actor/entropy")
 
 
-def run_variant(out: Path, name: str, flags: list[str], args) -> dict:
-    run_dir = out / name
-    cmd = [sys.executable, str(REPO / "03_opd_train.py"), "--nproc", "1", *PRESETS[args.preset],
-           "--seed", str(args.seed), "--steps", str(args.steps), "--save-every", str(args.steps),
-           "--run-dir", str(run_dir), "--run-name", "bench", *flags]
+def command(out: Path, name: str, args) -> list[str]:
+    return [sys.executable, str(REPO / "03_opd_train.py"), "--nproc", "1", *PRESETS[args.preset](),
+            "--seed", str(args.seed), "--steps", str(args.steps), "--save-every", str(args.steps),
+            "--run-dir", str(out / name), "--run-name", "bench", *VARIANTS[name]]
+
+
+def run_variant(out: Path, name: str, args) -> dict:
+    run_dir, flags, cmd = out / name, VARIANTS[name], command(out, name, args)
     t0 = time.perf_counter()
     p = subprocess.run(cmd, cwd=REPO, env=pinned_env(), capture_output=True, text=True, timeout=args.timeout)
     wall = time.perf_counter() - t0
@@ -74,13 +78,18 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--timeout", type=float, default=1800, help="seconds a variant may take")
+    p.add_argument("--dry-run", action="store_true", help="print each variant's 03 command and stop")
     args = p.parse_args()
     if args.steps < 2:
         p.error("--steps must be ≥ 2: the medians leave step 1 (its first-call costs) out")
+    if args.dry_run:
+        for v in args.variants:
+            print(" ".join(command(args.out, v, args)[1:]))
+        return
     args.out.mkdir(parents=True, exist_ok=True)
     if any((args.out / v).exists() for v in args.variants):
         sys.exit(f"{args.out} already holds a variant's folder: give another --out (each run must start fresh)")
-    rows = [run_variant(args.out, v, VARIANTS[v], args) for v in args.variants]
+    rows = [run_variant(args.out, v, args) for v in args.variants]
     base = rows[0]["median_s"]["step"]
     print(f"toy step, preset {args.preset}, seed {args.seed}, {args.steps} steps a variant; medians of steps ≥ 2 (s)")
     print(f"{'variant':8s} {'step':>6s} {'gen':>6s} {'score':>6s} {'update':>6s} {'optim':>6s} {'rollout tokens':>14s} "
@@ -90,7 +99,7 @@ def main() -> None:
         print(f"{r['variant']:8s} {m['step']:6.2f} {m['gen']:6.2f} {m['score']:6.2f} {m['update']:6.2f} "
               f"{m['optimizer']:6.2f} {r['tokens']:14.0f} {m['step'] / base:9.2f}×   "
               f"{r['step1']['delta_opd/weighted_reward_mean']:+.6f} / {r['step1']['response_length/mean']:.3f}")
-    meta = dict(preset=args.preset, flags=PRESETS[args.preset], seed=args.seed, steps=args.steps,
+    meta = dict(preset=args.preset, flags=PRESETS[args.preset](), seed=args.seed, steps=args.steps,
                 cpu=cpu_info(), threads=1)
     (args.out / "toy_step.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1) + "\n")
     print(f"wrote {args.out / 'toy_step.json'}")

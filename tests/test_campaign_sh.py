@@ -5,6 +5,7 @@ failed job does (the campaign exits non-zero naming it, after the jobs already r
 Seconds, no toy world."""
 import os
 import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -103,6 +104,20 @@ def test_every_run_once_at_most_jobs_at_a_time_in_the_order_the_work_needs(tmp_p
         assert float(last(c, "--lr")) == (TOY_COLLAPSE_LOW_LR if low else TOY_COLLAPSE_LR), c["argv"]
         assert int(last(c, "--steps")) == (2 * steps if low else steps), c["argv"]
     assert TOY_COLLAPSE_LOW_LR == pytest.approx(TOY_COLLAPSE_LR / 5)
+    # bench/toy_step.py times the campaign's own step: its presets are the flags campaign.sh gives the arm's raw run
+    # and the main delta-topk run (after their run-specific ones), whatever campaign.sh says today
+    def own_flags(name: str) -> list[str]:
+        argv = next(c["argv"] for c in calls if run_name(c) == name).split()
+        rest = argv[argv.index("--run-name") + 2:]
+        return (["--pair", "toy", "--reward", "delta-topk"] if name == "delta-topk" else []) + rest
+
+    for preset, name in (("arm", "collapse-raw"), ("main", "delta-topk")):
+        dry = subprocess.run([sys.executable, "bench/toy_step.py", "--out", str(tmp_path / "ts"), "--dry-run",
+                              "--preset", preset, "--variants", "padded"], cwd=REPO, capture_output=True, text=True,
+                             timeout=120)
+        assert dry.returncode == 0, dry.stderr[-2000:]
+        argv = dry.stdout.split()
+        assert argv[argv.index("--nproc") + 2:argv.index("--seed")] == own_flags(name), preset
 
 
 @pytest.mark.parametrize("fail", ["--run-name opd-seed1", "07_raft.py"])
