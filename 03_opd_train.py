@@ -138,7 +138,7 @@ def parse_args(argv=None):
     a("--packing", default="auto", choices=["auto", "on", "off"],
       help="padding-free micro-batches (lib/kernels/varlen.py): sequences end to end, FlashAttention varlen on CUDA; "
            "auto: on on CUDA, off on CPU")
-    a("--share-prompts", action="store_true",
+    a("--share-prompts", action=argparse.BooleanOptionalAction, default=False,
       help="ours, exact: in packed micro-batches each prompt is forwarded once for all its rollouts, scoring and "
            "update alike, and each response attends to it (lib/train/scoring.pack_shared); needs --packing on")
     a("--scoring", default="fused-linear", choices=["fused-linear", "logits"],

@@ -9,8 +9,9 @@
 #                                                      # seed only); COLLAPSE_ARM=0: without it
 #   RAFT=0 bash campaign.sh                            # the toy without the RAFT teacher and its students (3 of
 #                                                      # its 26 training runs); the report lists their units pending
-#   TRAIN_EXTRA="--packing on --share-prompts" bash campaign.sh   # flags added to every training run (a later
-#                                                      # value of a flag overrides the campaign's own)
+#   TRAIN_EXTRA="--packing off --no-share-prompts" bash campaign.sh   # flags added to every training run (a
+#                                                      # later value overrides the campaign's own; these two give
+#                                                      # the toy's padded layout, its default until 2026-12-06)
 #
 # Every stage skips what is already done (finished eval units, finished training runs) and refuses files whose
 # hashes no longer match their manifest, so a killed campaign is continued by running the same command again.
@@ -84,8 +85,11 @@ wait_job() {   # NAME: one spawned run waited for (JOBS 1: it already ran); if i
 
 if [ "$PAIR" = toy ]; then
   # The toy models are tiny and start far from the teacher: a larger learning rate, and fewer, smaller steps (one
-  # pass over the 1,440 toy training prompts). Everything else is DESIGN.md §7's default.
-  TRAIN_FLAGS=(--steps 45 --batch-prompts 32 --lr 2e-4 --save-every 15 --micro-batch 32)
+  # pass over the 1,440 toy training prompts). Each prompt is forwarded once for its rollouts (--share-prompts, in
+  # packed micro-batches): a toy prompt is longer than its responses, so this takes 21-31 % off a toy step and 15 %
+  # off the campaign on the Zen 4 EPYC, every verdict the same (bench/RESULTS.md §17). Everything else is DESIGN.md
+  # §7's default.
+  TRAIN_FLAGS=(--steps 45 --batch-prompts 32 --lr 2e-4 --save-every 15 --micro-batch 32 --packing on --share-prompts)
   CKPT_EVALS="toy:sample4"
   # RAFT of the toy student (DESIGN.md §9: toy π_pre's own samples hold nothing it does not already write): gate G1
   # at 500 kept samples (1,109 of the 1,440 prompts keep one), a toy learning rate, fp32 compute (bf16 autocast is
@@ -189,7 +193,7 @@ if [ "$PAIR" = toy ] && [ "$COLLAPSE_ARM" != 0 ]; then
   # The raw and low-lr conditions' last checkpoints are evaluated: how often the collapsed student's samples, truncated
   # ones included, still reach its answer (the report's §5.3 "reached %").
   COLLAPSE_FLAGS=(--pair toy-collapse --reward delta-topk --steps 40 --batch-prompts 16 --lr 7.5e-4 --save-every 40
-                  --micro-batch 32)
+                  --micro-batch 32 --packing on --share-prompts)
   COLLAPSE_CONDITIONS=(   # name: the flags added to COLLAPSE_FLAGS (a later --lr or --steps overrides the first)
     "raw:"
     "eos-neutral:--eos-policy neutral"

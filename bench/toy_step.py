@@ -6,16 +6,20 @@ campaign of 379bb75), and a toy step is compute-bound on the tokens it forwards:
 tokens under the chat template) are longer than its responses (≈ 20-50), so the step's cost follows how many tokens
 a micro-batch forwards, which the layout decides:
 
-    padded           the campaign's: each row its prompt + response, right-padded to the micro-batch's longest
-    packed           --packing on: rows end to end, no padding (attention: lib/kernels/varlen.py's CPU fallback)
-    shared           --packing on --share-prompts: each prompt forwarded once for its rollouts
+    padded           --packing off --no-share-prompts: each row its prompt + response, right-padded to the
+                     micro-batch's longest (the campaign's layout until 2026-12-06)
+    packed           --packing on --no-share-prompts: rows end to end, no padding (attention: lib/kernels/varlen.py's
+                     CPU fallback)
+    shared           --packing on --share-prompts: each prompt forwarded once for its rollouts (the campaign's
+                     layout since 2026-12-06)
 
 Every variant trains the same run (same pair, seed, flags; one thread, pinned as the campaign pins it) for --steps
 steps in its own folder, and the script prints the median of each phase over steps ≥ 2 (03's `timing_s/*`), the
 rollout tokens a step trains on (`perf/tokens`: the same in every layout) and each variant's step time against the
-first's. The layouts are the same arithmetic, not the same float bytes: the step-1 metrics agree to rounding
-(printed), later steps drift apart as any two float paths do, so a variant would change every toy number on both CPU
-vendors if the campaign adopted it (bench/RESULTS.md §17 has what it measured).
+first's (the variant's flags come last, so they override the campaign's own layout). The layouts are the same
+arithmetic, not the same float bytes: the step-1 metrics agree to rounding (printed), later steps drift apart as any
+two float paths do, so changing the campaign's layout changes every trained toy number on both CPU vendors
+(bench/RESULTS.md §17 has what it measured, and the campaign that adopted shared prompts).
 
     python bench/toy_step.py --out /tmp/toystep                        # the collapse arm's step, 8 steps a variant
     python bench/toy_step.py --out /tmp/toystep --preset main          # the main runs' step (32 × 4, cap 48)
@@ -40,7 +44,8 @@ sys.path.insert(0, str(REPO / "bench"))
 from lib.cpu_repro import cpu_info, pinned_env  # noqa: E402
 from nostop_probe import campaign_array  # noqa: E402
 
-VARIANTS = {"padded": [], "packed": ["--packing", "on"], "shared": ["--packing", "on", "--share-prompts"]}
+VARIANTS = {"padded": ["--packing", "off", "--no-share-prompts"], "packed": ["--packing", "on", "--no-share-prompts"],
+            "shared": ["--packing", "on", "--share-prompts"]}
 # the campaign's own flags, read from campaign.sh (the arm's COLLAPSE_FLAGS; the main runs' toy TRAIN_FLAGS with the
 # delta-topk reward); --steps and --save-every after them override theirs
 PRESETS = {"arm": lambda: campaign_array("COLLAPSE_FLAGS"),

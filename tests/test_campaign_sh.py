@@ -145,9 +145,11 @@ def test_raft_0_runs_every_other_run_and_no_raft_stage(tmp_path):
 def test_train_extra_reaches_every_training_run_last(tmp_path):
     """TRAIN_EXTRA: its flags on every 03 call (main, RAFT students, the arm), after the campaign's own and a
     condition's, so that a flag given there is the one 03 reads; no other stage gets them."""
-    p, calls = campaign(tmp_path, TRAIN_EXTRA="--packing on --share-prompts")
+    p, calls = campaign(tmp_path, TRAIN_EXTRA="--packing off --no-share-prompts")
     assert p.returncode == 0, p.stderr[-2000:]
     trained = [c["argv"] for c in calls if c["argv"].startswith("03_opd_train.py")]
     assert len(trained) == len(MAIN + RAFT + ARM)
-    assert all(a.endswith(" --packing on --share-prompts") for a in trained)
-    assert not any("--share-prompts" in c["argv"] for c in calls if not c["argv"].startswith("03_opd_train.py"))
+    # the override last, after the toy's own layout (shared prompts) and any condition's flags
+    assert all(a.split()[-3:] == ["--packing", "off", "--no-share-prompts"] for a in trained)
+    assert all("--share-prompts" in a.split()[:-3] for a in trained)
+    assert not any("share-prompts" in c["argv"] for c in calls if not c["argv"].startswith("03_opd_train.py"))
