@@ -240,9 +240,10 @@ def test_sampler_scores_train_as_the_recomputed_scores(world, tmp_path):
 def test_shared_prompts_train_as_unshared_packing(world, tmp_path):
     """`--share-prompts` (each prompt forwarded once for its rollouts, lib/train/scoring.pack_shared) trains as plain
     packing does: after 3 steps the same metrics and weights, to float rounding (CPU, fp32). Without packing it is
-    refused by name."""
+    refused by name. The plain run turns sharing off by a later `--no-share-prompts` (as campaign.sh's TRAIN_EXTRA
+    undoes the toy's default), so its check below is also the check that the off switch works."""
     common = [*SMALL, "--reward=delta-topk", "--steps=3", "--save-every=3", "--packing=on"]
-    train(*common, f"--run-dir={tmp_path / 'plain'}")
+    train(*common, f"--run-dir={tmp_path / 'plain'}", "--share-prompts", "--no-share-prompts")
     train(*common, f"--run-dir={tmp_path / 'sharing'}", "--share-prompts")
     a, b = (metrics(tmp_path / r / "train/delta-topk") for r in ("plain", "sharing"))
     assert all(r["actor/ppo_kl"] == 0 for r in b)                          # scoring and update: the same layout
