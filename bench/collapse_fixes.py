@@ -6,6 +6,9 @@ campaign's own COLLAPSE_FLAGS (read from campaign.sh by bench/nostop_probe.py, s
 at a time, and prints one row per condition: for each seed the onset step (03's collapse watch: clip ratio first
 > 0.5), the peak clip ratio and the mean length at the last step; how many seeds held (peak clip ratio < 0.1, issue
 32's bar); and the token-mean reward over the last five steps (what the sink pays, as 03 logs it: before any fix).
+Since b1a9577 COLLAPSE_FLAGS end in `--packing on --share-prompts` (the toy's layout); the rows committed before it
+(DESIGN.md §10, bench/results/cpu_collapse_arm_*) ran padded, and a condition that adds `--packing off
+--no-share-prompts` runs that layout again.
 
 The default conditions are the stop-token fixes of DESIGN.md §7.6 that campaign.sh does not run for every seed:
 

@@ -14,7 +14,8 @@ removed and renormalised. Every other logit is π_pre's, so for any token x othe
 The training sequences are the student's own samples (T = 1, seeds 1 and 2) and π_pre's (seed 3) on toy_train, cap 64.
 
 Then, for every --seeds seed, the arm's raw and `--eos-policy neutral` conditions with campaign.sh's own
-COLLAPSE_FLAGS (read from campaign.sh, so the two cannot drift) and `--pi-post` set to π_post-stoprow, two at a time,
+COLLAPSE_FLAGS (read from campaign.sh, so the two cannot drift; since b1a9577 they include the shared-prompt layout,
+where the rows committed before ran padded) and `--pi-post` set to π_post-stoprow, two at a time,
 and each raw run's last checkpoint evaluated at toy sample4 (04_eval.py). One row per seed: the step-1 weighted reward,
 the onset and peak clip ratio of both conditions, the token-mean reward over the raw run's last five steps (the sink),
 the accuracy, the truncation rate, and how often the FIRST answer line of a sample is right (did the student reach
