@@ -87,8 +87,8 @@ if [ "$PAIR" = toy ]; then
   # The toy models are tiny and start far from the teacher: a larger learning rate, and fewer, smaller steps (one
   # pass over the 1,440 toy training prompts). Each prompt is forwarded once for its rollouts (--share-prompts, in
   # packed micro-batches): a toy prompt is longer than its responses, so this takes 21-31 % off a toy step and 15 %
-  # off the campaign on the Zen 4 EPYC, every verdict the same (bench/RESULTS.md §17). Everything else is DESIGN.md
-  # §7's default.
+  # off the campaign on the Zen 4 EPYC, every verdict the same in six seeds there (bench/RESULTS.md §17; the Xeon has
+  # not run it yet). Everything else is DESIGN.md §7's default.
   TRAIN_FLAGS=(--steps 45 --batch-prompts 32 --lr 2e-4 --save-every 15 --micro-batch 32 --packing on --share-prompts)
   CKPT_EVALS="toy:sample4"
   # RAFT of the toy student (DESIGN.md §9: toy π_pre's own samples hold nothing it does not already write): gate G1
