@@ -201,3 +201,37 @@ def test_a_shared_prompt_scorer_equals_the_unshared_one():
         got.append([lp, ids, tlp, ent, teacher] + [p.grad.clone() for p in lm.parameters()])
     for a, b in zip(*got):
         torch.testing.assert_close(a.detach(), b.detach(), atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(2, 2), (4, 2)])
+def test_reference_values_and_gradients_are_each_segments_own_to_the_bit(heads, kv_heads):
+    """The CPU fallback splits the row into segments and concatenates their outputs (so its backward stays linear in
+    the segments, bench/varlen_cpu.py). Its output and its q, k, v gradients must be, bit for bit, those of each
+    segment attended on its own from separate leaves (shared-prompt shapes: a query segment shorter than its keys,
+    bottom-right causal)."""
+    g = torch.Generator().manual_seed(3)
+    lq, lk = [5, 3, 4, 6, 2], [5, 8, 9, 6, 8]                  # a prompt segment, responses that see a prompt too
+    cu, cu_k = varlen.cu_seqlens(lq), varlen.cu_seqlens(lk)
+    q = torch.randn(sum(lq), heads, 16, generator=g, requires_grad=True)
+    k, v = (torch.randn(sum(lk), kv_heads, 16, generator=g, requires_grad=True) for _ in range(2))
+    up = torch.randn(sum(lq), heads, 16, generator=g)
+    out = varlen.reference(q, k, v, cu, max(lq), 0.25, cu_k, max(lk))
+    out.backward(up)
+    want_o, want_g = [], [[], [], []]
+    for i in range(len(lq)):
+        a, b, c, d = int(cu[i]), int(cu[i + 1]), int(cu_k[i]), int(cu_k[i + 1])
+        leaves = [x.detach()[s:e].clone().requires_grad_() for x, (s, e) in ((q, (a, b)), (k, (c, d)), (v, (c, d)))]
+        qs, ks, vs = (x.transpose(0, 1) for x in leaves)
+        if heads != kv_heads:
+            ks, vs = ks.repeat_interleave(heads // kv_heads, 0), vs.repeat_interleave(heads // kv_heads, 0)
+        see = torch.arange(d - c)[None, :] <= torch.arange(b - a)[:, None] + (d - c) - (b - a)
+        o = torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, attn_mask=see, scale=0.25).transpose(0, 1)
+        o.backward(up[a:b])
+        want_o.append(o.detach())
+        for w, x in zip(want_g, leaves):
+            w.append(x.grad)
+    assert torch.equal(out.detach(), torch.cat(want_o))
+    for got, want in zip((q.grad, k.grad, v.grad), want_g):
+        assert torch.equal(got, torch.cat(want))
+    with pytest.raises(ValueError, match="must cover the rows"):
+        varlen.reference(q[:-1], k, v, cu, max(lq), 0.25, cu_k, max(lk))

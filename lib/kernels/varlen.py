@@ -87,16 +87,25 @@ def reference(q, k, v, cu, max_len, scale, cu_k=None, max_k=None):
     """(T, Hq, D) causal attention within each segment, queries q[cu[i]:cu[i+1]] against keys k[cu_k[i]:cu_k[i+1]]
     (cu_k None: the same spans), causal aligned bottom-right: one SDPA call per segment (the fallback)."""
     groups = q.shape[1] // k.shape[1]
-    out = torch.empty_like(q)
     bq, bk = cu.tolist(), (cu if cu_k is None else cu_k).tolist()
-    for a, b, c, d in zip(bq[:-1], bq[1:], bk[:-1], bk[1:]):
-        qs, ks, vs = q[a:b].transpose(0, 1), k[c:d].transpose(0, 1), v[c:d].transpose(0, 1)      # (H, L, D)
+    if bq[0] != 0 or bq[-1] != q.shape[0] or bk[0] != 0 or bk[-1] != k.shape[0]:
+        raise ValueError(f"the segments must cover the rows: queries [{bq[0]}, {bq[-1]}) of {q.shape[0]}, keys "
+                         f"[{bk[0]}, {bk[-1]}) of {k.shape[0]}")
+    # The segments by one split each and the outputs by one cat, not a slice and a write into a preallocated output
+    # per segment: under autograd a slice's backward builds a gradient of the whole input and an in-place write is
+    # recorded on the whole output, so the backward passed whole tensors through every segment, time quadratic in
+    # their number (bench/varlen_cpu.py; bench/RESULTS.md §17). Values and gradients are the same to the bit: each
+    # segment's gradient lands in its own rows either way.
+    lq, lk = [b - a for a, b in zip(bq[:-1], bq[1:])], [d - c for c, d in zip(bk[:-1], bk[1:])]
+    outs = []
+    for qs, ks, vs in zip(q.split(lq), k.split(lk), v.split(lk)):
+        qs, ks, vs = qs.transpose(0, 1), ks.transpose(0, 1), vs.transpose(0, 1)                  # (H, L, D)
         if groups > 1:
             ks, vs = ks.repeat_interleave(groups, 0), vs.repeat_interleave(groups, 0)
-        lq, lk = b - a, d - c          # query j sees keys ≤ j + lk − lq (SDPA's is_causal aligns top-left)
-        see = torch.arange(lk, device=q.device)[None, :] <= torch.arange(lq, device=q.device)[:, None] + (lk - lq)
-        out[a:b] = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=see, scale=scale).transpose(0, 1)
-    return out
+        nq, nk = qs.shape[1], ks.shape[1]        # query j sees keys ≤ j + nk − nq (SDPA's is_causal aligns top-left)
+        see = torch.arange(nk, device=q.device)[None, :] <= torch.arange(nq, device=q.device)[:, None] + (nk - nq)
+        outs.append(F.scaled_dot_product_attention(qs, ks, vs, attn_mask=see, scale=scale).transpose(0, 1))
+    return torch.cat(outs, 0)
 
 
 def call_kwargs(fn) -> dict:
