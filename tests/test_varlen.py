@@ -235,3 +235,14 @@ def test_reference_values_and_gradients_are_each_segments_own_to_the_bit(heads, 
         assert torch.equal(got, torch.cat(want))
     with pytest.raises(ValueError, match="must cover the rows"):
         varlen.reference(q[:-1], k, v, cu, max(lq), 0.25, cu_k, max(lk))
+
+
+def test_varlen_cpu_bench_compares_like_with_like(tmp_path):
+    """bench/varlen_cpu.py times the fallback against one batched SDPA call: its batched variant must compute the
+    same attention (output and gradients) as the reference it is timed against, or its ratio means nothing."""
+    out = tmp_path / "v.json"
+    p = subprocess.run([sys.executable, "bench/varlen_cpu.py", "--prompts", "3", "--repeats", "1", "--out", str(out)],
+                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    row = json.loads(out.read_text())
+    assert row["segments"] == 3 * 5 and row["max_abs_diff"] < 1e-4
