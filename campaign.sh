@@ -87,8 +87,9 @@ if [ "$PAIR" = toy ]; then
   # The toy models are tiny and start far from the teacher: a larger learning rate, and fewer, smaller steps (one
   # pass over the 1,440 toy training prompts). Each prompt is forwarded once for its rollouts (--share-prompts, in
   # packed micro-batches): a toy prompt is longer than its responses, so this takes 21-31 % off a toy step and 15 %
-  # off the campaign on the Zen 4 EPYC, every verdict the same in six seeds there (bench/RESULTS.md §17; the Xeon has
-  # not run it yet). Everything else is DESIGN.md §7's default.
+  # off the campaign on the Zen 4 EPYC, every verdict the same in six seeds there (bench/RESULTS.md §17; on an Intel
+  # Xeon of another model than the padded runs' every verdict but the arm's collapse, §15). Everything else is
+  # DESIGN.md §7's default.
   TRAIN_FLAGS=(--steps 45 --batch-prompts 32 --lr 2e-4 --save-every 15 --micro-batch 32 --packing on --share-prompts)
   CKPT_EVALS="toy:sample4"
   # RAFT of the toy student (DESIGN.md §9: toy π_pre's own samples hold nothing it does not already write): gate G1
@@ -185,7 +186,8 @@ if [ "$PAIR" = toy ] && [ "$COLLAPSE_ARM" != 0 ]; then
   # TOY_COLLAPSE_LR / TOY_COLLAPSE_LOW_LR (its hypotheses select the conditions by them); the caps are the student
   # toy-long's (64 response tokens). 40 steps of 16 prompts × 4 at lr 7.5e-4, chosen so that the arm shows the same
   # thing on both CPU vendors' bytes: on an Intel Xeon every raw seed collapsed (onsets 19 / 21 / 25) and neutral-all
-  # held every seed, on the AMD EPYC raw collapsed at 16 / 7 / 6 and neutral-all held every seed. The arm's earlier
+  # held every seed, on the AMD EPYC raw collapsed at 16 / 7 / 6 and neutral-all held every seed (a Xeon of another
+  # model later collapsed 4 raw seeds of 6 with shared prompts, 0 of 3 padded: DESIGN.md §10). The arm's earlier
   # setting, 20 steps at 5e-4, collapsed every EPYC seed of five (onsets 7-9) but no Xeon seed of three (peak clip
   # 0.12-0.38): a finding of one vendor's bytes. At lr 2.5e-3 the collapse came sooner on both (onsets 2-6) but
   # destroyed the working too (bench/collapse_fixes.py; DESIGN.md §10 has the tables). The low-lr condition is the
