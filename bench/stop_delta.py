@@ -1,0 +1,98 @@
+"""bench/stop_delta.py — at the student's own answer ends, what Direct-OPD pays for stopping and for going on.
+
+The collapse arm (DESIGN.md §10) needs two things at the position where the student stops: stopping must cost
+(Δ(stop) = log π_post(stop) − log π_pre(stop) ≪ 0), and going on must pay, or at least not cost. The cross-pair
+anatomy (01_gates.py) prints the first; this prints both, for one pair of toy models scored on a frozen set of the
+student's stopped samples. At the last position of each sample that ended in its stop token, with x_1..x_K the
+student's top-K candidates there and w = softmax_k log π_student(x_k) (delta-topk's weights, DESIGN.md §7.2):
+
+    stop        Δ(y) at the sampled stop token y
+    go_on       Σ_{x_k ≠ y} w_k Δ(x_k) / Σ_{x_k ≠ y} w_k     the student-weighted Δ of its other candidates
+    pre_go_on   Σ_{x_k ≠ y} π_pre(x_k)                        how much of π_pre's mass those candidates hold
+
+The samples are a run's `gates/anatomy_cross_samples.jsonl` (prompt and response ids, finish reason). Each --world
+is a toy world folder (its models/ subfolder): give two to compare the worlds two CPU vendors built (the models of a
+world built on another machine can be copied into a folder of their own).
+
+    python bench/stop_delta.py --samples runs/toy/gates/anatomy_cross_samples.jsonl \\
+        --world ~/.cache/opd/toy/<hash> [--world DIR2 …] [--post post-nostop] [--out stop_delta.json]
+
+It measured (bench/RESULTS.md §15) go_on +3.50 on the AMD EPYC's world and −0.03 on the Intel Xeon's, with Δ(stop)
+−14.85 and −13.81: on the Xeon's world going on earns nothing, because its π_pre keeps 11 % of its mass on the
+student's other candidates where the EPYC's π_pre keeps none.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from lib.artifacts import read_jsonl  # noqa: E402
+
+
+def last_logprobs(lm, prompt_ids: list[int], token_ids: list[int]) -> torch.Tensor:
+    """log-softmax of the logits that predicted the response's last token (the stop token of a stopped sample)."""
+    ids = torch.tensor([prompt_ids + token_ids])
+    with torch.no_grad():
+        return lm(ids).logits[0, -2].float().log_softmax(-1)
+
+
+def stop_and_go_on(student, pre, post, samples: list[dict], k: int = 16) -> dict:
+    """The three quantities of the module docstring, averaged over the samples that stopped; `rows` per sample."""
+    rows = []
+    for s in samples:
+        if s["finish_reason"] != "stop":
+            continue
+        lp_s, lp_pre, lp_post = (last_logprobs(m, s["prompt_ids"], s["token_ids"]) for m in (student, pre, post))
+        y = s["token_ids"][-1]
+        top = torch.topk(lp_s, k)
+        w = torch.softmax(top.values, 0)
+        delta = lp_post[top.indices] - lp_pre[top.indices]
+        other = top.indices != y
+        rows.append({"stop": float(lp_post[y] - lp_pre[y]),
+                     "go_on": float((w[other] * delta[other]).sum() / w[other].sum()),
+                     "pre_go_on": float(lp_pre[top.indices[other]].exp().sum()),
+                     "logp_stop": {"student": float(lp_s[y]), "pi_pre": float(lp_pre[y]), "pi_post": float(lp_post[y])}})
+    if not rows:
+        raise SystemExit("no sample ended in its stop token: give a samples file of a run whose student stops")
+    mean = {key: sum(r[key] for r in rows) / len(rows) for key in ("stop", "go_on", "pre_go_on")}
+    return {"n": len(rows), **mean, "rows": rows}
+
+
+def main() -> None:
+    from transformers import AutoModelForCausalLM
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--samples", type=Path, required=True, help="a run's gates/anatomy_cross_samples.jsonl")
+    p.add_argument("--world", type=Path, action="append", required=True, help="a toy world folder (repeatable)")
+    p.add_argument("--student", default="student")
+    p.add_argument("--pre", default="pre")
+    p.add_argument("--post", default="post-nostop", help="the π_post model of the world (default: the collapse arm's)")
+    p.add_argument("--topk", type=int, default=16)
+    p.add_argument("--out", type=Path)
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    samples = read_jsonl(args.samples)
+    out = []
+    for world in args.world:
+        missing = [n for n in (args.student, args.pre, args.post) if not (world / "models" / n).is_dir()]
+        if missing:
+            raise SystemExit(f"{world}: no models/{missing[0]} in it; give a toy world folder (its models/ has "
+                             f"{args.student}, {args.pre} and {args.post})")
+        student, pre, post = (AutoModelForCausalLM.from_pretrained(world / "models" / n, dtype=torch.float32).eval()
+                              for n in (args.student, args.pre, args.post))
+        r = stop_and_go_on(student, pre, post, samples, args.topk)
+        print(f"{world}: {r['n']} stopped samples | Δ(stop) {r['stop']:+.2f} | go_on {r['go_on']:+.2f} | "
+              f"π_pre's mass on the other candidates {r['pre_go_on']:.3f}")
+        out.append({"world": str(world), **{k: v for k, v in r.items() if k != "rows"}, "rows": r["rows"]})
+    if args.out:
+        args.out.write_text(json.dumps({"samples": str(args.samples), "post": args.post, "worlds": out}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
