@@ -17,9 +17,11 @@ world built on another machine can be copied into a folder of their own).
     python bench/stop_delta.py --samples runs/toy/gates/anatomy_cross_samples.jsonl \\
         --world ~/.cache/opd/toy/<hash> [--world DIR2 …] [--post post-nostop] [--out stop_delta.json]
 
-It measured (bench/RESULTS.md §15) go_on +3.50 on the AMD EPYC's world and −0.03 on the Intel Xeon's, with Δ(stop)
-−14.85 and −13.81: on the Xeon's world going on earns nothing, because its π_pre keeps 11 % of its mass on the
-student's other candidates where the EPYC's π_pre keeps none.
+Samples that carry a `level` (the toy's) are also summarised by level. It measured (bench/RESULTS.md §15) go_on
++3.50 on the AMD EPYC's world and −0.03 on the Intel Xeon's, with Δ(stop) −14.85 and −13.81: on the Xeon's world
+going on earns nothing, because its π_pre keeps 11 % of its mass on the student's other candidates where the EPYC's
+π_pre keeps none; by level, the Xeon world's go_on is +2.4 to +2.6 after level-1 and -2 answers and −3.0 after
+level-3 ones, where its π_pre (trained on levels 1–2) stops less surely.
 """
 from __future__ import annotations
 
@@ -55,14 +57,18 @@ def stop_and_go_on(student, pre, post, samples: list[dict], k: int = 16) -> dict
         w = torch.softmax(top.values, 0)
         delta = lp_post[top.indices] - lp_pre[top.indices]
         other = top.indices != y
-        rows.append({"stop": float(lp_post[y] - lp_pre[y]),
+        rows.append({"level": s.get("level"), "stop": float(lp_post[y] - lp_pre[y]),
                      "go_on": float((w[other] * delta[other]).sum() / w[other].sum()),
                      "pre_go_on": float(lp_pre[top.indices[other]].exp().sum()),
                      "logp_stop": {"student": float(lp_s[y]), "pi_pre": float(lp_pre[y]), "pi_post": float(lp_post[y])}})
     if not rows:
         raise SystemExit("no sample ended in its stop token: give a samples file of a run whose student stops")
-    mean = {key: sum(r[key] for r in rows) / len(rows) for key in ("stop", "go_on", "pre_go_on")}
-    return {"n": len(rows), **mean, "rows": rows}
+    keys = ("stop", "go_on", "pre_go_on")
+    mean = {key: sum(r[key] for r in rows) / len(rows) for key in keys}
+    levels = sorted({r["level"] for r in rows if r["level"] is not None})
+    by_level = {lv: {"n": len(sel), **{key: sum(r[key] for r in sel) / len(sel) for key in keys}}
+                for lv in levels for sel in [[r for r in rows if r["level"] == lv]]}
+    return {"n": len(rows), **mean, "by_level": by_level, "rows": rows}
 
 
 def main() -> None:
@@ -89,6 +95,9 @@ def main() -> None:
         r = stop_and_go_on(student, pre, post, samples, args.topk)
         print(f"{world}: {r['n']} stopped samples | Δ(stop) {r['stop']:+.2f} | go_on {r['go_on']:+.2f} | "
               f"π_pre's mass on the other candidates {r['pre_go_on']:.3f}")
+        for lv, b in r["by_level"].items():
+            print(f"    level {lv}: {b['n']} | Δ(stop) {b['stop']:+.2f} | go_on {b['go_on']:+.2f} | π_pre's mass "
+                  f"{b['pre_go_on']:.3f}")
         out.append({"world": str(world), **{k: v for k, v in r.items() if k != "rows"}, "rows": r["rows"]})
     if args.out:
         args.out.write_text(json.dumps({"samples": str(args.samples), "post": args.post, "worlds": out}, indent=1))

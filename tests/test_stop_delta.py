@@ -35,7 +35,7 @@ def samples(student) -> list[dict]:
         ids = torch.randint(0, V, (p + r - 1,), generator=g).tolist()
         with torch.no_grad():
             last = int(student(torch.tensor([ids])).logits[0, -1].argmax())
-        out.append({"prompt_ids": ids[:p], "token_ids": ids[p:] + [last],
+        out.append({"prompt_ids": ids[:p], "token_ids": ids[p:] + [last], "level": 1 + i % 2,
                     "finish_reason": "length" if i == 2 else "stop"})   # one sample the cap cut: left out
     return out
 
@@ -66,6 +66,10 @@ def test_stop_and_go_on_match_a_reference_computation():
         assert row["go_on"] == pytest.approx(go_on, abs=1e-4)
         assert row["pre_go_on"] == pytest.approx(pre_go_on, abs=1e-5)
     assert got["go_on"] == pytest.approx(sum(r["go_on"] for r in got["rows"]) / 3)
+    for lv in (1, 2):                                        # samples 0 and 3 are level 1, sample 1 level 2
+        mine = [reference(student, pre, post, s)[1] for s in stopped if s["level"] == lv]
+        assert got["by_level"][lv]["n"] == len(mine)
+        assert got["by_level"][lv]["go_on"] == pytest.approx(sum(mine) / len(mine), abs=1e-4)
 
 
 def test_a_pair_of_one_model_pays_nothing_and_swapping_it_flips_the_sign():
