@@ -10,6 +10,9 @@ student's top-K candidates there and w = softmax_k log π_student(x_k) (delta-to
     go_on       Σ_{x_k ≠ y} w_k Δ(x_k) / Σ_{x_k ≠ y} w_k     the student-weighted Δ of its other candidates
     pre_go_on   Σ_{x_k ≠ y} π_pre(x_k)                        how much of π_pre's mass those candidates hold
 
+bench/nostop_probe.py's shift_stats prints, at the same positions, Δ of one token (the line break) for a π_post it
+builds itself; this weighs every candidate the student itself would write there, for any world's own pair.
+
 The samples are a run's `gates/anatomy_cross_samples.jsonl` (prompt and response ids, finish reason). Each --world
 is a toy world folder (its models/ subfolder): give two to compare the worlds two CPU vendors built (the models of a
 world built on another machine can be copied into a folder of their own).
