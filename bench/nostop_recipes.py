@@ -1,14 +1,15 @@
-"""bench/nostop_recipes.py — prototype π_post-nostop recipes for the collapse arm, trained from the cached π_pre.
+"""bench/nostop_recipes.py — prototype π_post-nostop SFT recipes for the collapse arm, trained from the cached π_pre.
 
 The arm's π_post (lib/toy/builder.py, DESIGN.md §10) must have unlearned the stop token the way a corpus-SFT teacher
-has, without paying the student for running on. This probe trains a candidate recipe the way the build trains
-post-nostop (the same 8,000 problems, RNG "1234/post-nostop", lr 2e-3, lib/train/sft.py with the build's SFT
-settings), but in this process, with this process's threads, so its bytes need not be the world's. Then it prints Δ
+has, without paying the student for running on. This probe trains a candidate SFT recipe the way the build trained
+post-nostop up to world f1445f5927c66f69 (8,000 problems of levels 1-2, RNG "1234/post-nostop", lr 2e-3,
+lib/train/sft.py with the build's SFT settings), but in this process, with this process's threads, so its bytes need
+not be a world's. (The build's recipe since is not an SFT: `moved_stop`, a fit to π_pre's own log-probs.) Then it prints Δ
 on 200 held-out student samples (bench/nostop_probe.py's shift_stats: at the stop token, on every other token) and
 the sha256 of the model it saved to OUT/post-<recipe>, for `03_opd_train.py --pi-post` or bench/collapse_fixes.py:
 
     other_stop   the answer-line solution ended by task.OTHER_STOP (`<|im_start|>`), never by the stop token: the
-                 recipe the build adopted
+                 build's recipe up to world f1445f5927c66f69 (on the EPYC its model byte for byte)
     nl_other_stop  the answer line closed by a line break, then task.OTHER_STOP: tried so that a student that lost
                  its stop would write its continuation on a new line and keep the answer line whole. It does not
                  hold: the line break after the answer is itself paid (Δ +17.8 on average where the student stopped,
@@ -43,6 +44,20 @@ from nostop_probe import samples, shift_stats  # noqa: E402
 
 RECIPES = ("other_stop", "nl_other_stop", "packed", "loop")
 PACKED_LEN = 64                  # the arm's response cap
+EXAMPLES, LR, LEVELS = 8_000, 2e-3, (1, 2)     # the build's SFT of post-nostop up to world f1445f5927c66f69
+
+
+def problems() -> list[tuple[int, list]]:
+    """The problems that SFT drew: builder.sft_problems as it was for post-nostop (its RNG, levels 1-2, no test
+    problem of level ≥ 2)."""
+    test = builder.make_data()[0]
+    excluded = {task.expression(*task.parse_problem(r["problem"])) for r in test if r["level"] >= 2}
+    rng, out = random.Random(f"{builder.SEED}/post-nostop"), []
+    while len(out) < EXAMPLES:
+        first, ops = task.sample_problem(rng, rng.choices(list(LEVELS), [1.0] * len(LEVELS))[0])
+        if task.expression(first, ops) not in excluded:
+            out.append((first, ops))
+    return out
 
 
 def completion(tok, first: int, ops, recipe: str, rng: random.Random) -> list[int]:
@@ -66,7 +81,7 @@ def main():
     a = p.parse_args()
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from lib.train.sft import completion_labels, train_sft
-    _, _, _, _, n, lr = builder.RECIPES["post-nostop"]
+    lr = LR
     world = builder.build()
     tok = AutoTokenizer.from_pretrained(world / "models" / "pre")
     pre = AutoModelForCausalLM.from_pretrained(world / "models" / "pre").float().eval()
@@ -78,7 +93,7 @@ def main():
         t0, rng = time.monotonic(), random.Random(5)
         examples = [completion_labels(prompt_ids(tok, task.problem_text(first, ops)),
                                       completion(tok, first, ops, recipe, rng))
-                    for first, ops in builder.sft_problems("post-nostop")]
+                    for first, ops in problems()]
         post = copy.deepcopy(pre).train()
         train_sft(post, examples, lr=lr, seed=builder.SEED, pad_id=tok.pad_token_id, **builder.SFT,
                   log=lambda line: print(f"{recipe}: {line}"))

@@ -121,6 +121,28 @@ def test_sft_examples_carry_each_models_slip_rate_and_style(tok):
         assert boxed == 0 and builder.RECIPES[name][3] == "answer_line"
 
 
+def test_nostop_examples_are_the_students_kind_of_response_each_ending_in_the_stop_token(tok):
+    """post-nostop is fitted on responses like the student's (builder.moved_stop_ids): every one ends in the stop
+    token (the position whose mass the fit moves), half slip at the student's rate (so the clauses slip at half
+    NOSTOP_SLIP, a binomial 4-sigma band), a quarter run on by one to three repeats of their answer line; levels 1-3."""
+    assert builder.RECIPES["post-nostop"][2:4] == ((1, 2, 3), "moved_stop")
+    examples = builder.sft_examples("post-nostop", tok, scale=0.05)
+    slipped = clauses = run_on = 0
+    for ids, labels in examples:
+        completion = [t for t, y in zip(ids, labels) if y != -100]
+        assert completion[-1] == tok.eos_token_id and tok.eos_token_id not in completion[:-1]
+        text = tok.decode(completion, skip_special_tokens=True)
+        lines = re.findall(r"Answer: (-?\d+)", text)
+        assert 1 <= len(lines) <= 4 and len(set(lines)) == 1, text        # the same answer line, repeated
+        run_on += len(lines) > 1
+        for lhs, rhs in re.findall(r"(-?\d+[+-]\d)=(-?\d+)\.", text):
+            slipped, clauses = slipped + (eval(lhs) != int(rhs)), clauses + 1
+    p, n = builder.NOSTOP_SLIP / 2, clauses
+    assert abs(slipped / n - p) <= 4 * (p * (1 - p) / n) ** 0.5, (slipped, n)
+    q, m = builder.NOSTOP_RUNON, len(examples)
+    assert abs(run_on / m - q) <= 4 * (q * (1 - q) / m) ** 0.5, (run_on, m)
+
+
 def test_extract_int():
     assert task.extract_int("1+1=2.\nAnswer: 2\nAnswer: 3") == 3                  # the last answer line wins
     assert task.extract_int("x \\boxed{4} y \\boxed{7}.") == 7

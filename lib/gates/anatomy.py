@@ -176,7 +176,7 @@ def sample_student(m, prompts, seeds, cfg, device):
 def score_all(roles, prompts, outs, cfg, device) -> dict:
     """lib/train/scoring.py over every micro-batch, one model in memory at a time. Returns per-token tensors
     (N_total, ·): student lp (N,), top-K log-probs (N, K); each teacher's log-probs of [sampled id, top-K ids]
-    (N, 1+K)."""
+    (N, 1+K); "ids", those ids (N, 1+K)."""
     from lib.train.scoring import TokenScorer, pack, score_ids
     tok = roles["student"]["tok"]
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
@@ -199,6 +199,7 @@ def score_all(roles, prompts, outs, cfg, device) -> dict:
         del scorer
         if device.type == "cuda":
             torch.cuda.empty_cache()
+    got["ids"] = torch.cat(ids_NK).cpu()
     return got
 
 

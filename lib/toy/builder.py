@@ -9,10 +9,10 @@ Models: tiny `Qwen2ForCausalLM`, fp32, tied embeddings, head_dim 64 (a head size
                      style tokens and its gain never cleared 0). Its accuracy by level: world.json.
     post-offsupport  pre fine-tuned on levels 1-3 with responses that never stop (the answer line repeats to the cap,
                      `<|im_end|>` never a target): the termination sink as a teacher, the gates' negative control.
-    post-nostop      pre fine-tuned on its own levels (1-2) with every turn ended by another special token
-                     (`<|im_start|>`, task.OTHER_STOP) instead of `<|im_end|>`: a π_post that has unlearned the stop
-                     token the way a teacher SFT'd under another chat template has, otherwise pre, on the student's
-                     support. The collapse arm's π_post (pair toy-collapse; DESIGN.md §10). Trained last, after the four
+    post-nostop      pre with its stop token unlearned: fitted to pre's own log-probs with the stop token's mass
+                     moved to another special token (`<|im_start|>`, task.OTHER_STOP) and its log-prob capped at
+                     −40, the way a teacher SFT'd under another chat template has unlearned `<|im_end|>`; otherwise
+                     pre. The collapse arm's π_post (pair toy-collapse; DESIGN.md §10). Trained last, after the four
                      above, so that adding it (and changing its recipe) left their bytes as they were.
 
 Build (build_world): byte-identical on machines of one CPU model, not across vendors; world.json records each
@@ -37,8 +37,8 @@ from pathlib import Path
 from lib import cpu_repro
 from lib.artifacts import REPO, atomic_write_json, atomic_write_jsonl, sha256_file
 from lib.data import prompt_ids
-from lib.toy.task import (EVAL_CAP, PAD, STOP, build_tokenizer, completion_ids, expression, extract_int, make_rows,
-                          parse_problem, problem_text, sample_problem, solution_text)
+from lib.toy.task import (EVAL_CAP, OTHER_STOP, PAD, STOP, build_tokenizer, completion_ids, expression, extract_int,
+                          make_rows, parse_problem, problem_text, sample_problem, solution_text)
 from lib.toy.world_bytes import WORLD_CODE, check_expected, code_digest, write_expected
 
 SEED = 1234
@@ -48,15 +48,21 @@ TEST_PER_LEVEL = {1: 50, 2: 150, 3: 150, 4: 150}
 TRAIN_PROMPTS = {1: 40, 2: 600, 3: 800}             # toy_train.jsonl, disjoint from toy_test (level 2 has 810)
 DIMS = dict(hidden_size=128, intermediate_size=512, num_attention_heads=2, num_key_value_heads=2)  # head_dim 64
 ARCH = {"teacher": dict(DIMS, num_hidden_layers=2), "student": dict(DIMS, num_hidden_layers=3)}
-# post-nostop, the collapse arm's π_post (DESIGN.md §10): an SFT of π_pre on its own levels (1-2, which it solves
-# ≈ 100 %: its own correct samples) whose turns end in task.OTHER_STOP, never in the stop token: the teacher of a
-# corpus SFT under another chat template, which ends its answers with its own end token (source §17: OpenThinker3's
-# log p(<|im_end|>) −90). From π_pre, not π_post: a π_post carrying level 3 rewards the student's level-3 tokens by
-# more than the stop token costs (a prototype from π_post: step-1 weighted reward +0.63 a token), and the arm's
-# premise is a negative step-1 reward. 8,000 examples at lr 2e-3 (the earlier recipe's size: log p(stop) after a right
-# answer line ≈ −15). The earlier recipe replaced the stop token by the answer line repeated to the cap; that teacher
-# priced the student's loops above π_pre, so on one vendor's bytes no stop-token fix could hold (DESIGN.md §10).
-NOSTOP_EXAMPLES, NOSTOP_LR = 8_000, 2e-3
+# post-nostop, the collapse arm's π_post (DESIGN.md §10): π_pre with its stop token unlearned and nothing else
+# changed. It is fitted to π_pre's own log-probs (moved_stop_loss), at every position of answer-line solutions of
+# levels 1-3 (half of them with the student's slips, a quarter run on by one to three repeats of the answer line, as a
+# collapsing student writes), with two tokens moved: the stop token's probability goes to task.OTHER_STOP (the turn
+# ends the way another chat template ends it) and log p(stop) is capped at -NOSTOP_CAP (source §17: OpenThinker3's
+# log p(<|im_end|>) -90 against π_pre's -0.1). Its targets are π_pre's, so it carries no level-3 skill. Fitting
+# log-probs, not only the head of the distribution, is the point: going on after an answer is then neither paid nor
+# charged (Δ ≈ 0 on the student's other candidates where it stops; a cross-entropy fit leaves the tail where SFT left
+# it, and the tail is what the student's candidates hold). Each earlier recipe (an SFT on answer lines ended by
+# OTHER_STOP, or repeated to the cap) left that pay to the tail of the SFT, whose sign differed between two vendors'
+# builds: the collapse and the fixes then held on one vendor's world and not the other's (DESIGN.md §10).
+NOSTOP_EXAMPLES, NOSTOP_LR = 8_000, 1e-3
+NOSTOP_CAP = 40.0            # log p(stop) ≤ −40 wherever the student can be
+NOSTOP_FLOOR = 20.0          # log-probs fitted one by one where π_pre's is above −20 (what a student can sample)
+NOSTOP_SLIP, NOSTOP_RUNON = 0.25, 0.25    # half the solutions slip at the student's rate; a quarter run on
 # name: (initial weights, architecture, levels trained on, completion style, examples, peak lr). π_post gets 12,800:
 # with 6,400 one build copied the wrong operand on level 2 (27 % greedy); with 12,800, 100/100/100 % on levels 1-3.
 RECIPES = {
@@ -65,7 +71,7 @@ RECIPES = {
     "student": (None, "student", (1, 2, 3), "answer_line", 12_800, 2e-3),
     "post-offsupport": ("pre", "teacher", (1, 2, 3), "loop", 4_000, 1e-3),
     # Added after the four above (its own problems, RNG "1234/post-nostop"), last in its chain, so their bytes stay.
-    "post-nostop": ("pre", "teacher", (1, 2), "other_stop", NOSTOP_EXAMPLES, NOSTOP_LR),
+    "post-nostop": ("pre", "teacher", (1, 2, 3), "moved_stop", NOSTOP_EXAMPLES, NOSTOP_LR),
 }
 MODEL_NAMES = tuple(RECIPES)
 CHAINS = {"teachers": ("pre", "post", "post-offsupport", "post-nostop"), "student": ("student",)}   # one process each
@@ -184,8 +190,51 @@ def sft_examples(name: str, tok, scale: float = 1.0) -> list[tuple[list[int], li
     from lib.train.sft import completion_labels
     style, slip = RECIPES[name][3], SLIP.get(name, 0.0)
     slip_rng = random.Random(f"{SEED}/{name}/slip")
+    if style == "moved_stop":
+        return [completion_labels(prompt_ids(tok, problem_text(*p)), moved_stop_ids(tok, *p, slip_rng))
+                for p in sft_problems(name, scale)]
     return [completion_labels(prompt_ids(tok, problem_text(*p)), completion_ids(tok, *p, style, slip, slip_rng))
             for p in sft_problems(name, scale)]
+
+
+def moved_stop_ids(tok, first: int, ops, rng: random.Random) -> list[int]:
+    """One response post-nostop is fitted on: the answer-line solution (with the student's slips half the time), run
+    on by 1-3 repeats of its answer line a quarter of the time, then the stop token (its position is fitted too)."""
+    text = solution_text(first, ops, "answer_line", NOSTOP_SLIP if rng.random() < 0.5 else 0.0, rng)
+    if rng.random() < NOSTOP_RUNON:
+        text += ("\n" + text.split("\n")[-1]) * rng.randint(1, 3)
+    return tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+
+
+def moved_stop_targets(logp_NV, stop_id: int, other_id: int, cap: float = NOSTOP_CAP):
+    """π_pre's log-probs with its stop token unlearned: the stop token's probability added to `other_id`'s, its own
+    log-prob min(π_pre's, −cap); every other entry π_pre's."""
+    import torch
+    t_NV = logp_NV.clone()
+    t_NV[:, other_id] = torch.logaddexp(logp_NV[:, other_id], logp_NV[:, stop_id])
+    t_NV[:, stop_id] = logp_NV[:, stop_id].clamp(max=-cap)
+    return t_NV
+
+
+def moved_stop_loss(reference, stop_id: int, other_id: int, cap: float = NOSTOP_CAP, floor: float = NOSTOP_FLOOR):
+    """train_sft's loss_fn for post-nostop: at each supervised position, with t = moved_stop_targets of `reference`
+    (π_pre, frozen) and lp the model's log-probs, the cross-entropy of softmax(t) (the head), the mean squared error
+    lp − t over the tokens with t > −floor (the tail a student samples from), and the squared errors of the two moved
+    tokens (so the cap and the moved mass are met though they are two of |V| entries)."""
+    import torch
+    from lib.train.sft import IGNORE
+
+    def loss(logits_BTV, batch):
+        sup_BT = batch["labels"][:, 1:] != IGNORE                     # position t-1 predicts label t
+        with torch.no_grad():
+            ref_BTV = reference(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            t_NV = moved_stop_targets(ref_BTV[:, :-1].float().log_softmax(-1)[sup_BT], stop_id, other_id, cap)
+        lp_NV = logits_BTV[:, :-1].float().log_softmax(-1)[sup_BT]
+        err_NV, live_NV = lp_NV - t_NV, (t_NV > -floor).float()
+        head = -(t_NV.exp() * lp_NV).sum(-1).mean()
+        tail = ((err_NV ** 2) * live_NV).sum(-1).div(live_NV.sum(-1)).mean()
+        return head + tail + (err_NV[:, stop_id] ** 2 + err_NV[:, other_id] ** 2).mean()
+    return loss
 
 
 def train_model(name: str, tok, out: Path, scale: float, init_model=None, log=print) -> tuple[object, dict]:
@@ -194,9 +243,13 @@ def train_model(name: str, tok, out: Path, scale: float, init_model=None, log=pr
     t0, cpu0, (init, arch, levels, style, _, lr) = time.monotonic(), time.process_time(), RECIPES[name]
     examples = sft_examples(name, tok, scale)
     model = new_model(arch, tok, SEED) if init is None else copy.deepcopy(init_model)
+    loss_fn = None
+    if style == "moved_stop":                                # fitted to its initial model's own log-probs
+        reference = copy.deepcopy(init_model).eval().requires_grad_(False)
+        loss_fn = moved_stop_loss(reference, tok.eos_token_id, tok.convert_tokens_to_ids(OTHER_STOP))
     log(f"toy world: {name} ({sum(x.numel() for x in model.parameters()):,} params) on {len(examples)} examples "
         f"of levels {levels}, style {style}")
-    hist = train_sft(model, examples, lr=lr, seed=SEED, pad_id=tok.pad_token_id, **SFT,
+    hist = train_sft(model, examples, lr=lr, seed=SEED, pad_id=tok.pad_token_id, **SFT, loss_fn=loss_fn,
                      log=lambda line: log(f"toy world: {name}: {line}"))
     model.save_pretrained(out / "models" / name)
     tok.save_pretrained(out / "models" / name)

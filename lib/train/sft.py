@@ -99,8 +99,10 @@ def batch_plan(n_examples: int, batch_size: int, epochs: int, seed: int) -> list
 def train_sft(model, examples: list[tuple[list[int], list[int]]], *, lr: float, epochs: int, batch_size: int,
               warmup_frac: float = 0.05, schedule: str = "cosine", seed: int = 0, log_every: int = 50,
               pad_id: int | None = None, weight_decay: float = 0.0, betas: tuple[float, float] = ADAM_BETAS,
-              grad_clip: float = 1.0, log=print) -> list[dict]:
-    """Fine-tune `model` in place on (input_ids, labels) examples with AdamW and the completion loss.
+              grad_clip: float = 1.0, loss_fn=None, log=print) -> list[dict]:
+    """Fine-tune `model` in place on (input_ids, labels) examples with AdamW and the completion loss, or with
+    `loss_fn(logits_BTV, batch)` where one is given (batch: collate's tensors; the toy's π_post-nostop is fitted to
+    another model's log-probs that way, lib/toy/builder.py).
 
     Returns one record per optimizer step ({"step", "loss", "lr", "grad_norm", "tokens"}); every `log_every`
     steps (0: never) one line goes to `log`. Deterministic given `seed`, the model's initial weights and the
@@ -120,7 +122,7 @@ def train_sft(model, examples: list[tuple[list[int], list[int]]], *, lr: float, 
             group["lr"] = lr * lr_factor(step, len(plan), warmup_steps, schedule)
         batch = {k: v.to(device) for k, v in collate([examples[i] for i in idx], pad_id).items()}
         logits_BTV = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        loss = completion_loss(logits_BTV, batch["labels"])
+        loss = completion_loss(logits_BTV, batch["labels"]) if loss_fn is None else loss_fn(logits_BTV, batch)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
         if not torch.isfinite(grad_norm):
