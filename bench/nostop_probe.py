@@ -51,7 +51,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from lib import cpu_repro  # noqa: E402,F401  (pins the CPU math, as every toy-world process does)
+from lib import cpu_repro  # noqa: E402,F401  (not pinned here: tests import this module; its 03 runs pin)
 from lib.data import prompt_ids  # noqa: E402
 from lib.toy import builder  # noqa: E402
 from lib.toy.task import STOP  # noqa: E402

@@ -3,9 +3,9 @@
 The arm's π_post (lib/toy/builder.py, DESIGN.md §10) must have unlearned the stop token the way a corpus-SFT teacher
 has, without paying the student for running on. This probe trains a candidate SFT recipe the way the build trained
 post-nostop up to world f1445f5927c66f69 (8,000 problems of levels 1-2, RNG "1234/post-nostop", lr 2e-3,
-lib/train/sft.py with the build's SFT settings), but in this process, with this process's threads, so its bytes need
-not be a world's. (The build's recipe since is not an SFT: `moved_stop`, a fit to π_pre's own log-probs.) Then it prints Δ
-on 200 held-out student samples (bench/nostop_probe.py's shift_stats: at the stop token, on every other token) and
+lib/train/sft.py with the build's SFT settings), in this process, its CPU math pinned as the build's workers' is.
+(The build's recipe since is not an SFT: `moved_stop`, a fit to π_pre's own log-probs, bench/nostop_fits.py.) Then it
+prints Δ on 200 held-out student samples (bench/nostop_probe.py's shift_stats: at the stop token, on every other token) and
 the sha256 of the model it saved to OUT/post-<recipe>, for `03_opd_train.py --pi-post` or bench/collapse_fixes.py:
 
     other_stop   the answer-line solution ended by task.OTHER_STOP (`<|im_start|>`), never by the stop token: the
@@ -36,7 +36,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-from lib import cpu_repro  # noqa: E402,F401  (pins the CPU math, as every toy-world process does)
+from lib import cpu_repro  # noqa: E402
+
+cpu_repro.pin()              # the toy world's pinned CPU math, before torch is imported (lib/cpu_repro.py)
 from lib.artifacts import sha256_file  # noqa: E402
 from lib.data import prompt_ids  # noqa: E402
 from lib.toy import builder, task  # noqa: E402

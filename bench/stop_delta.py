@@ -20,11 +20,14 @@ world built on another machine can be copied into a folder of their own).
     python bench/stop_delta.py --samples runs/toy/gates/anatomy_cross_samples.jsonl \\
         --world ~/.cache/opd/toy/<hash> [--world DIR2 …] [--post post-nostop] [--out stop_delta.json]
 
-Samples that carry a `level` (the toy's) are also summarised by level. It measured (bench/RESULTS.md §15) go_on
-+3.50 on the AMD EPYC's world and −0.03 on the Intel Xeon's, with Δ(stop) −14.85 and −13.81: on the Xeon's world
-going on earns nothing, because its π_pre keeps 11 % of its mass on the student's other candidates where the EPYC's
-π_pre keeps none; by level, the Xeon world's go_on is +2.4 to +2.6 after level-1 and -2 answers and −3.0 after
-level-3 ones, where its π_pre (trained on levels 1–2) stops less surely.
+Samples that carry a `level` (the toy's) are also summarised by level. With the arm's previous π_post (an SFT whose
+turns end in another token, worlds up to f1445f5927c66f69) it measured (bench/RESULTS.md §15) go_on +3.50 on the AMD
+EPYC's world and −0.03 on the Intel Xeon's, with Δ(stop) −14.85 and −13.81: on the Xeon's world going on earned
+nothing, because its π_pre keeps 11 % of its mass on the student's other candidates where the EPYC's π_pre keeps
+none; by level, the Xeon world's go_on was +2.4 to +2.6 after level-1 and -2 answers and −3.0 after level-3 ones,
+where its π_pre (trained on levels 1–2) stops less surely. The arm's π_post now (world 4208b47b5c8c6571, fitted to
+π_pre's log-probs with the stop token's mass moved: DESIGN.md §10) gives Δ(stop) −40.0 and go_on −0.02 on the
+EPYC's world (bench/nostop_fits.py compares the fits).
 """
 from __future__ import annotations
 
