@@ -36,3 +36,37 @@ def test_a_rank_leaves_only_once_every_rank_has_arrived(tmp_path):
     assert r1["arrived"] + LATE_S <= r0["arrived"]  # rank 1 came first, rank 0 at least LATE_S later
     assert r1["left"] >= r0["arrived"]             # and rank 1 waited for rank 0 before destroying its group
     assert not r0["initialized"] and not r1["initialized"]
+
+
+ALONE = """
+import os, socket, sys, json
+sys.path.insert(0, sys.argv[1])
+for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+    os.environ.pop(k, None)
+taken = socket.socket()                       # the port the old code derived from this process id, held by another
+taken.bind(("127.0.0.1", 29500 + os.getpid() % 1000))
+taken.listen()
+import torch, torch.distributed as dist
+from lib.train import dist as D
+d = D.init()
+x = torch.ones(3)
+dist.all_reduce(x)
+first = (d.rank, d.world, x.tolist())
+D.finish()
+d = D.init()                                  # again, in the same process (a test, a resumed stage)
+D.finish()
+print(json.dumps({"first": first, "again": [d.rank, d.world]}))
+"""
+
+
+def test_a_plain_launch_needs_no_port():
+    """A plain `python` launch (no torchrun variables) forms its group of one without a TCP port: with the port its
+    process id once mapped to already taken by another socket, init() works, a collective runs, and the group can be
+    left and formed again in the same process. (15 campaign jobs at once once failed with EADDRINUSE.)"""
+    import subprocess
+    import sys
+    repo = str(Path(__file__).resolve().parent.parent)
+    out = subprocess.run([sys.executable, "-c", ALONE, repo], capture_output=True, text=True, timeout=120, cwd=repo)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got == {"first": [0, 1, [1.0, 1.0, 1.0]], "again": [0, 1]}, got

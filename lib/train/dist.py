@@ -44,16 +44,24 @@ class Dist:
 
 
 def init() -> Dist:
-    """Join (or, for a plain `python` launch, create) the process group."""
-    if "RANK" not in os.environ:  # single process: a group of one, so every collective below still works
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=os.environ.get("MASTER_PORT", str(29500 + os.getpid() % 1000)))
+    """Join (or, for a plain `python` launch, create) the process group.
+
+    A plain launch is a group of one, so every collective below still works. It rendezvouses through an in-memory
+    store, not a TCP port: a port picked from the process id (29500 + pid % 1000) once collided when 15 campaign jobs
+    ran at once (EADDRINUSE), and a group of one has no peer to meet."""
+    alone = "RANK" not in os.environ or (os.environ.get("WORLD_SIZE") == "1" and "MASTER_PORT" not in os.environ)
+    if alone:
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
     cuda = torch.cuda.is_available()
     local = int(os.environ["LOCAL_RANK"])
     if cuda:
         torch.cuda.set_device(local)
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if cuda else "gloo")
+        backend = "nccl" if cuda else "gloo"
+        if alone:
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        else:
+            dist.init_process_group(backend)
     device = torch.device("cuda", local) if cuda else torch.device("cpu")
     return Dist(dist.get_rank(), dist.get_world_size(), local, device)
 
