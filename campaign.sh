@@ -184,14 +184,12 @@ if [ "$PAIR" = toy ] && [ "$COLLAPSE_ARM" != 0 ]; then
   # campaign's time; COLLAPSE_ARM=all runs every fix for every seed (24 runs). One run name per condition and seed;
   # 05 pools only runs of identical settings (lib/report/conditions.py). The learning rates are lib/registry.py's
   # TOY_COLLAPSE_LR / TOY_COLLAPSE_LOW_LR (its hypotheses select the conditions by them); the caps are the student
-  # toy-long's (64 response tokens). 40 steps of 16 prompts × 4 at lr 7.5e-4, chosen so that the arm shows the same
-  # thing on both CPU vendors' bytes: on an Intel Xeon every raw seed collapsed (onsets 19 / 21 / 25) and neutral-all
-  # held every seed, on the AMD EPYC raw collapsed at 16 / 7 / 6 and neutral-all held every seed (a Xeon of another
-  # model later collapsed 4 raw seeds of 6 with shared prompts, 0 of 3 padded: DESIGN.md §10). The arm's earlier
-  # setting, 20 steps at 5e-4, collapsed every EPYC seed of five (onsets 7-9) but no Xeon seed of three (peak clip
-  # 0.12-0.38): a finding of one vendor's bytes. At lr 2.5e-3 the collapse came sooner on both (onsets 2-6) but
-  # destroyed the working too (bench/collapse_fixes.py; DESIGN.md §10 has the tables). The low-lr condition is the
-  # source's H5, 5× lower, run twice as long (80 steps).
+  # toy-long's (64 response tokens). 40 steps of 16 prompts × 4 at lr 7.5e-4. With the arm's π_post now (world
+  # 4208b47b5c8c6571: π_pre with its stop token's mass moved, going on priced ≈ 0) every raw seed collapsed on both
+  # CPU vendors (onsets 4 / 5 / 5 on the AMD EPYC, 3 / 4 / 3 on an Intel Xeon, six of six there) and neutral-all held
+  # every seed (peak clip 0.000); this setting was chosen for the previous π_post, an SFT whose collapse held on the
+  # EPYC and on one Xeon model but in 4 of 6 seeds on another (DESIGN.md §10 has the tables of both). The low-lr
+  # condition is the source's H5, 5× lower, run twice as long (80 steps).
   # The raw and low-lr conditions' last checkpoints are evaluated: how often the collapsed student's samples, truncated
   # ones included, still reach its answer (the report's §5.3 "reached %").
   COLLAPSE_FLAGS=(--pair toy-collapse --reward delta-topk --steps 40 --batch-prompts 16 --lr 7.5e-4 --save-every 40
