@@ -152,7 +152,8 @@ PAIRS = {
     "toy-offsupport": Pair("toy-pre", "toy-post-offsupport", "toy", "toy_train", _TOY_EVALS, "toy",
                            note="negative control: π_post never emits the stop token"),
     "toy-collapse": Pair("toy-pre", "toy-post-nostop", "toy-long", "toy_train", _TOY_EVALS, "toy",
-                         note="collapse arm: π_post is π_pre with its stop token unlearned (moved to another end token)"),
+                         note="collapse arm: π_post is π_pre with its stop token unlearned "
+                              "(moved to another end token)"),
     "shape-1.5b": Pair("shape-1.5b-pre", "shape-1.5b-post", "shape-1.5b", "math_train",
                        note="random weights, real Qwen2.5-1.5B shapes: GPU speed runs only"),
 }
