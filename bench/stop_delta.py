@@ -26,8 +26,9 @@ EPYC's world and −0.03 on the Intel Xeon's, with Δ(stop) −14.85 and −13.8
 nothing, because its π_pre keeps 11 % of its mass on the student's other candidates where the EPYC's π_pre keeps
 none; by level, the Xeon world's go_on was +2.4 to +2.6 after level-1 and -2 answers and −3.0 after level-3 ones,
 where its π_pre (trained on levels 1–2) stops less surely. The arm's π_post now (world 4208b47b5c8c6571, fitted to
-π_pre's log-probs with the stop token's mass moved: DESIGN.md §10) gives Δ(stop) −40.0 and go_on −0.02 on the
-EPYC's world (bench/nostop_fits.py compares the fits).
+π_pre's log-probs with the stop token's mass moved: DESIGN.md §10) gives Δ(stop) −40.03 and go_on −0.21 on the
+EPYC's world and −39.11 and −0.61 on the model-207 Xeon's, on a campaign's 64 stopped samples (bench/nostop_fits.py
+compares the fits).
 """
 from __future__ import annotations
 
