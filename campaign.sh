@@ -121,7 +121,7 @@ run python 01_gates.py --run-dir "$RUN" --pair "$PAIR" --backend "$BACKEND"
 # From here on every stage's unit of work (the baselines, the RAFT teacher, each training run with its evals) is one
 # job of a single pool of JOBS processes, so that no core idles while a phase's last run finishes. The only order the
 # work needs is the RAFT teacher before its students, so the teacher starts first; then the 45-step runs, then the
-# collapse arm's 80- and 40-step ones (the longer jobs first, so that a short one ends the pool). Each job's output is
+# collapse arm's 40- and 20-step ones (the longer jobs first, so that a short one ends the pool). Each job's output is
 # in $RUN/logs/<job>.log.
 echo "== 2. baselines: π_pre, π_post and the initial student on every benchmark and protocol =="
 spawn baselines python 02_baselines.py --run-dir "$RUN" --pair "$PAIR" --backend "$BACKEND"
@@ -184,15 +184,17 @@ if [ "$PAIR" = toy ] && [ "$COLLAPSE_ARM" != 0 ]; then
   # campaign's time; COLLAPSE_ARM=all runs every fix for every seed (24 runs). One run name per condition and seed;
   # 05 pools only runs of identical settings (lib/report/conditions.py). The learning rates are lib/registry.py's
   # TOY_COLLAPSE_LR / TOY_COLLAPSE_LOW_LR (its hypotheses select the conditions by them); the caps are the student
-  # toy-long's (64 response tokens). 40 steps of 16 prompts × 4 at lr 7.5e-4. With the arm's π_post now (world
+  # toy-long's (64 response tokens). 20 steps of 16 prompts × 4 at lr 7.5e-4. With the arm's π_post now (world
   # 4208b47b5c8c6571: π_pre with its stop token's mass moved, going on priced ≈ 0) every raw seed collapsed on both
-  # CPU vendors (onsets 4 / 5 / 5 on the AMD EPYC, 3 / 4 / 3 on an Intel Xeon, six of six there) and neutral-all held
-  # every seed (peak clip 0.000); this setting was chosen for the previous π_post, an SFT whose collapse held on the
-  # EPYC and on one Xeon model but in 4 of 6 seeds on another (DESIGN.md §10 has the tables of both). The low-lr
-  # condition is the source's H5, 5× lower, run twice as long (80 steps).
+  # CPU vendors (onsets 4 / 5 / 5 on the AMD EPYC, 3 / 4 / 3 on an Intel Xeon, six of six there), neutral-all held
+  # every seed (peak clip 0.000) and every other fix's onset came by step 9 (DESIGN.md §10). Those runs went 40 steps
+  # (80 at low lr), which the campaign ran until 2bf4eb5; a run's first 20 steps are the same bytes whatever --steps
+  # says (constant lr, one data order), so halving the arm changed no onset and no verdict, only the cost: the
+  # collapsed runs wrote 64-token rollouts for 36 of their 40 steps. The low-lr condition is the source's H5, 5×
+  # lower, run twice as long (40 steps; its onsets were 14 on the EPYC and 10 on the Xeon).
   # The raw and low-lr conditions' last checkpoints are evaluated: how often the collapsed student's samples, truncated
   # ones included, still reach its answer (the report's §5.3 "reached %").
-  COLLAPSE_FLAGS=(--pair toy-collapse --reward delta-topk --steps 40 --batch-prompts 16 --lr 7.5e-4 --save-every 40
+  COLLAPSE_FLAGS=(--pair toy-collapse --reward delta-topk --steps 20 --batch-prompts 16 --lr 7.5e-4 --save-every 20
                   --micro-batch 32 --packing on --share-prompts)
   COLLAPSE_CONDITIONS=(   # name: the flags added to COLLAPSE_FLAGS (a later --lr or --steps overrides the first)
     "raw:"
@@ -204,7 +206,7 @@ if [ "$PAIR" = toy ] && [ "$COLLAPSE_ARM" != 0 ]; then
     "center:--reward-center"
     "stop-on-collapse:--stop-on-collapse"
     "kl-max:--kl-mode constant --kl-coef 2.5"
-    "low-lr:--lr 1.5e-4 --steps 80"
+    "low-lr:--lr 1.5e-4 --steps 40"
   )
   read -ra FIRST_SEED <<< "$SEEDS"   # the default runs the other fixes for ${FIRST_SEED[0]} only
   OTHER_SEEDS=${FIRST_SEED[0]}
@@ -235,7 +237,7 @@ if [ "$PAIR" = toy ] && [ "$COLLAPSE_ARM" != 0 ]; then
       done
     done
   }
-  # low-lr (OTHER_FIXES' last) first: its 80 steps make it the arm's longest job
+  # low-lr (OTHER_FIXES' last) first: its 40 steps make it the arm's longest job
   spawn_conditions "$OTHER_SEEDS" "${OTHER_FIXES[-1]}"
   spawn_conditions "$SEEDS" "${COLLAPSE_CONDITIONS[@]}"
   spawn_conditions "$OTHER_SEEDS" "${OTHER_FIXES[@]:0:${#OTHER_FIXES[@]}-1}"

@@ -29,7 +29,7 @@ wrote on where it should have stopped (`Answer: 60000+1=1.`: the digits glue ont
 later line) counts as having reached it; one whose working broke does not.
 
     python bench/collapse_fixes.py --out /tmp/lowlr --seeds 42 1 2 3 4 --eval \
-        --conditions "raw:" "low-lr:--lr 1.5e-4 --steps 80"
+        --conditions "raw:" "low-lr:--lr 1.5e-4 --steps 40"
 
 A run whose manifest exists is not run again, nor an eval unit that exists evaluated again (the same --out continues
 an interrupted probe). Writes OUT/collapse_fixes.json (one row per run; with --eval each row has its "eval" and the

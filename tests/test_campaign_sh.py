@@ -86,7 +86,7 @@ def test_every_run_once_at_most_jobs_at_a_time_in_the_order_the_work_needs(tmp_p
              first(lambda a: a.startswith("06_report.py"))]
     assert all(a["start"] >= max(c["end"] for c in pool) for a in after)   # statistics after every run
     assert [a["start"] for a in after] == sorted(a["start"] for a in after)
-    # the longer jobs first: the collapse arm's 80-step low-lr run before its 40-step ones
+    # the longer jobs first: the collapse arm's 40-step low-lr run before its 20-step ones
     arm = [run_name(c) for c in calls if (run_name(c) or "").startswith("collapse-")]
     assert arm[0] == "collapse-low-lr"
     # the arm's learning rates are lib/registry.py's, by which its hypotheses select the runs (of a flag given twice,
