@@ -78,6 +78,58 @@ def stop_and_go_on(student, pre, post, samples: list[dict], k: int = 16) -> dict
     return {"n": len(rows), **mean, "by_level": by_level, "rows": rows}
 
 
+def all_logprobs(lm, prompt_ids: list[int], token_ids: list[int]) -> torch.Tensor:
+    """(T, V) log-softmax of the logits that predicted each of the response's T tokens."""
+    ids = torch.tensor([prompt_ids + token_ids])
+    with torch.no_grad():
+        return lm(ids).logits[0, len(prompt_ids) - 1:-1].float().log_softmax(-1)
+
+
+def neutral_leak(student, pre, post, samples: list[dict], stop_id: int, k: int = 16) -> dict:
+    """What `--eos-policy neutral` leaves of the stop token's price, on the student's own samples (every one, stopped
+    or not), with delta-topk's advantage A_{t,k} (lib/train/opd.py's, the training loop's arithmetic):
+
+        reward_{raw,neutral,neutral_all}   the mean A over (token, candidate) pairs after each policy (03's
+                                           delta_opd/weighted_reward_mean at step 1, were these the step's rollouts)
+        leak                               the stop candidate's A where the student did not stop, summed over the same
+                                           pairs: what neutral keeps and neutral-all zeroes (their difference)
+        push_{raw,neutral,neutral_all}     the gradient of Σ_k A_k ρ_k on the stop token's logit, A_stop − p_stop Σ_k A_k
+                                           at ρ = 1 (p_stop the student's full-vocabulary probability), after each
+                                           policy, summed over every position, per response token: negative pushes
+                                           the student off stopping
+        push_{terminal,leak}               the raw push summed over the positions where the student stopped (what
+                                           neutral zeroes), and over the others where the stop token is a candidate
+
+    `leak_positions` counts those other positions, with the student's mean p(stop) and the mean Δ(stop) there."""
+    from lib.train import opd
+    A, cand, stop, p_stop, d_stop = [], [], [], [], []
+    for s in samples:
+        lp_s, lp_pre, lp_post = (all_logprobs(m, s["prompt_ids"], s["token_ids"]) for m in (student, pre, post))
+        top = torch.topk(lp_s, k, dim=-1)
+        A.append(opd.delta_topk_advantage(top.values, lp_post.gather(1, top.indices), lp_pre.gather(1, top.indices)))
+        cand.append(top.indices == stop_id)
+        is_stop = torch.zeros(len(s["token_ids"]), dtype=torch.bool)
+        is_stop[-1] = s["finish_reason"] == "stop"
+        stop.append(is_stop)
+        p_stop.append(lp_s[:, stop_id].exp())
+        d_stop.append(lp_post[:, stop_id] - lp_pre[:, stop_id])
+    A_NK, cand_NK, stop_N, p_N, d_N = (torch.cat(x) for x in (A, cand, stop, p_stop, d_stop))
+    leak_NK = cand_NK & ~stop_N[:, None]
+    def push(adv_NK):                # A_stop − p_stop Σ_k A_k at each position (A_stop = 0 off the top-K)
+        return (adv_NK * cand_NK).sum(1) - p_N * adv_NK.sum(1)
+
+    after = {policy: opd.eos_policy(A_NK, stop_N, policy, is_stop_cand_NK=cand_NK)
+             for policy in ("raw", "neutral", "neutral-all")}
+    push_N, leak_N, n_tok = push(A_NK), leak_NK.any(1), len(A_NK)
+    return {"tokens": n_tok, "samples": len(samples), "stopped": int(stop_N.sum()),
+            **{f"reward_{k.replace('-', '_')}": v.mean().item() for k, v in after.items()},
+            **{f"push_{k.replace('-', '_')}": push(v).sum().item() / n_tok for k, v in after.items()},
+            "leak": (A_NK * leak_NK).sum().item() / A_NK.numel(),
+            "push_terminal": push_N[stop_N].sum().item() / n_tok, "push_leak": push_N[leak_N].sum().item() / n_tok,
+            "leak_positions": {"n": int(leak_N.sum()), "p_stop": p_N[leak_N].mean().item() if leak_N.any() else None,
+                               "delta_stop": d_N[leak_N].mean().item() if leak_N.any() else None}}
+
+
 def main() -> None:
     from transformers import AutoModelForCausalLM
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -87,6 +139,8 @@ def main() -> None:
     p.add_argument("--pre", default="pre")
     p.add_argument("--post", default="post-nostop", help="the π_post model of the world (default: the collapse arm's)")
     p.add_argument("--topk", type=int, default=16)
+    p.add_argument("--leak", action="store_true", help="also neutral_leak: what --eos-policy neutral leaves of the "
+                   "stop token's price, on every sample (stopped or not)")
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     torch.set_num_threads(1)
@@ -106,6 +160,17 @@ def main() -> None:
             print(f"    level {lv}: {b['n']} | Δ(stop) {b['stop']:+.2f} | go_on {b['go_on']:+.2f} | π_pre's mass "
                   f"{b['pre_go_on']:.3f}")
         out.append({"world": str(world), **{k: v for k, v in r.items() if k != "rows"}, "rows": r["rows"]})
+        if args.leak:
+            from transformers import AutoTokenizer
+            stop_id = AutoTokenizer.from_pretrained(world / "models" / args.student).eos_token_id
+            leak = neutral_leak(student, pre, post, samples, stop_id, args.topk)
+            lp = leak["leak_positions"]
+            print(f"    step-1 weighted reward: raw {leak['reward_raw']:+.4f} | neutral {leak['reward_neutral']:+.4f} "
+                  f"| neutral-all {leak['reward_neutral_all']:+.4f} | neutral's leak {leak['leak']:+.4f}")
+            print(f"    push on the stop logit per token: where it stopped {leak['push_terminal']:+.4f} | elsewhere "
+                  f"{leak['push_leak']:+.4f} ({lp['n']} of {leak['tokens']} positions; there p(stop) "
+                  f"{lp['p_stop']:.3f}, Δ(stop) {lp['delta_stop']:+.2f})")
+            out[-1]["neutral_leak"] = leak
     if args.out:
         args.out.write_text(json.dumps({"samples": str(args.samples), "post": args.post, "worlds": out}, indent=1))
 

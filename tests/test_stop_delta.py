@@ -86,3 +86,63 @@ def test_no_stopped_sample_is_a_clear_error():
     cut = [dict(s, finish_reason="length") for s in samples(tiny(0))]
     with pytest.raises(SystemExit, match="no sample ended in its stop token"):
         stop_delta.stop_and_go_on(tiny(0), tiny(1), tiny(2), cut, k=K)
+
+
+def leak_reference(student, pre, post, rows, stop_id):
+    """neutral_leak's numbers position by position: each prefix forwarded alone, the weights as renormalised
+    probabilities, each policy applied by hand."""
+    A = {"raw": [], "neutral": [], "neutral-all": []}
+    push = {p: 0.0 for p in A}
+    push_terminal = push_leak = leak = 0.0
+    n_tok = 0
+    for s in rows:
+        resp = s["token_ids"]
+        for t in range(len(resp)):
+            ids = torch.tensor([s["prompt_ids"] + resp[:t]])
+            with torch.no_grad():
+                p_s, p_pre, p_post = (m(ids).logits[0, -1].double().softmax(-1) for m in (student, pre, post))
+            top = [int(x) for x in torch.topk(p_s, K).indices]
+            z = sum(float(p_s[x]) for x in top)
+            raw = [float(p_s[x]) / z * (math.log(p_post[x]) - math.log(p_pre[x])) for x in top]
+            terminal = t == len(resp) - 1 and s["finish_reason"] == "stop"
+            is_stop = [x == stop_id for x in top]
+            after = {"raw": raw, "neutral": [0.0] * K if terminal else raw,
+                     "neutral-all": [0.0 if terminal or st else a for a, st in zip(raw, is_stop)]}
+            for p, a in after.items():
+                A[p] += a
+                push[p] += sum(x for x, st in zip(a, is_stop) if st) - float(p_s[stop_id]) * sum(a)
+            raw_push = sum(x for x, st in zip(raw, is_stop) if st) - float(p_s[stop_id]) * sum(raw)
+            if terminal:
+                push_terminal += raw_push
+            elif any(is_stop):
+                push_leak += raw_push
+                leak += sum(x for x, st in zip(raw, is_stop) if st)
+            n_tok += 1
+    return ({p: sum(a) / len(a) for p, a in A.items()}, {p: v / n_tok for p, v in push.items()},
+            push_terminal / n_tok, push_leak / n_tok, leak / (n_tok * K), n_tok)
+
+
+def test_neutral_leak_matches_a_reference_computation():
+    """bench/stop_delta.neutral_leak (bench/neutral_leak.py's numbers) against the position-by-position reference.
+    The stop id is the one most often among the student's candidates, so that there are leak positions to count."""
+    student, pre, post = tiny(0), tiny(1), tiny(2)
+    rows = samples(student)
+    counts = torch.zeros(V)
+    for s in rows:
+        ids = torch.tensor([s["prompt_ids"] + s["token_ids"]])
+        with torch.no_grad():
+            lp = student(ids).logits[0, len(s["prompt_ids"]) - 1:-1]
+        counts += torch.zeros(V).index_add_(0, torch.topk(lp, K).indices.flatten(), torch.ones(lp.shape[0] * K))
+    stop_id = int(counts.argmax())
+    rows = [dict(s, token_ids=s["token_ids"][:-1] + [stop_id]) if i in (0, 3) else s for i, s in enumerate(rows)]
+    got = stop_delta.neutral_leak(student, pre, post, rows, stop_id, k=K)
+    reward, push, push_terminal, push_leak, leak, n_tok = leak_reference(student, pre, post, rows, stop_id)
+    assert got["tokens"] == n_tok and got["stopped"] == 3 and got["leak_positions"]["n"] > 2
+    for p in ("raw", "neutral", "neutral-all"):
+        key = p.replace("-", "_")
+        assert got[f"reward_{key}"] == pytest.approx(reward[p], abs=1e-5), p
+        assert got[f"push_{key}"] == pytest.approx(push[p], abs=1e-5), p
+    assert got["push_terminal"] == pytest.approx(push_terminal, abs=1e-5)
+    assert got["push_leak"] == pytest.approx(push_leak, abs=1e-5)
+    assert got["leak"] == pytest.approx(leak, abs=1e-6)
+    assert push["neutral"] != pytest.approx(push["neutral-all"], abs=1e-4)   # the leak is there to be told apart
