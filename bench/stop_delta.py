@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -126,8 +127,9 @@ def neutral_leak(student, pre, post, samples: list[dict], stop_id: int, k: int =
             **{f"push_{k.replace('-', '_')}": push(v).sum().item() / n_tok for k, v in after.items()},
             "leak": (A_NK * leak_NK).sum().item() / A_NK.numel(),
             "push_terminal": push_N[stop_N].sum().item() / n_tok, "push_leak": push_N[leak_N].sum().item() / n_tok,
-            "leak_positions": {"n": int(leak_N.sum()), "p_stop": p_N[leak_N].mean().item() if leak_N.any() else None,
-                               "delta_stop": d_N[leak_N].mean().item() if leak_N.any() else None}}
+            "leak_positions": {"n": int(leak_N.sum()),            # means over no position are NaN
+                               "p_stop": p_N[leak_N].mean().item() if leak_N.any() else math.nan,
+                               "delta_stop": d_N[leak_N].mean().item() if leak_N.any() else math.nan}}
 
 
 def main() -> None:

@@ -146,3 +146,16 @@ def test_neutral_leak_matches_a_reference_computation():
     assert got["push_leak"] == pytest.approx(push_leak, abs=1e-5)
     assert got["leak"] == pytest.approx(leak, abs=1e-6)
     assert push["neutral"] != pytest.approx(push["neutral-all"], abs=1e-4)   # the leak is there to be told apart
+
+
+def test_neutral_leak_with_no_leak_position_reports_nan_not_an_error():
+    """A stop id the student never ranks among its candidates: nothing leaks, the means over no position are NaN."""
+    student, pre, post = tiny(0), tiny(1), tiny(2)
+    rows = samples(student)
+    lp = torch.cat([stop_delta.all_logprobs(student, s["prompt_ids"], s["token_ids"]) for s in rows])
+    never = int(lp.max(0).values.argmin())           # the id whose best log-prob anywhere is the lowest
+    assert never not in torch.topk(lp, K).indices.flatten().tolist()
+    got = stop_delta.neutral_leak(student, pre, post, rows, never, k=K)
+    assert got["leak_positions"]["n"] == 0 and math.isnan(got["leak_positions"]["p_stop"])
+    assert got["leak"] == 0.0 and got["push_leak"] == 0.0
+    assert got["reward_neutral"] == pytest.approx(got["reward_neutral_all"], abs=1e-7)
