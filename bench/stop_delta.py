@@ -46,11 +46,16 @@ sys.path.insert(0, str(REPO))
 from lib.artifacts import read_jsonl  # noqa: E402
 
 
-def last_logprobs(lm, prompt_ids: list[int], token_ids: list[int]) -> torch.Tensor:
-    """log-softmax of the logits that predicted the response's last token (the stop token of a stopped sample)."""
+def all_logprobs(lm, prompt_ids: list[int], token_ids: list[int]) -> torch.Tensor:
+    """(T, V) log-softmax of the logits that predicted each of the response's T tokens."""
     ids = torch.tensor([prompt_ids + token_ids])
     with torch.no_grad():
-        return lm(ids).logits[0, -2].float().log_softmax(-1)
+        return lm(ids).logits[0, len(prompt_ids) - 1:-1].float().log_softmax(-1)
+
+
+def last_logprobs(lm, prompt_ids: list[int], token_ids: list[int]) -> torch.Tensor:
+    """log-softmax of the logits that predicted the response's last token (the stop token of a stopped sample)."""
+    return all_logprobs(lm, prompt_ids, token_ids)[-1]
 
 
 def stop_and_go_on(student, pre, post, samples: list[dict], k: int = 16) -> dict:
@@ -77,13 +82,6 @@ def stop_and_go_on(student, pre, post, samples: list[dict], k: int = 16) -> dict
     by_level = {lv: {"n": len(sel), **{key: sum(r[key] for r in sel) / len(sel) for key in keys}}
                 for lv in levels for sel in [[r for r in rows if r["level"] == lv]]}
     return {"n": len(rows), **mean, "by_level": by_level, "rows": rows}
-
-
-def all_logprobs(lm, prompt_ids: list[int], token_ids: list[int]) -> torch.Tensor:
-    """(T, V) log-softmax of the logits that predicted each of the response's T tokens."""
-    ids = torch.tensor([prompt_ids + token_ids])
-    with torch.no_grad():
-        return lm(ids).logits[0, len(prompt_ids) - 1:-1].float().log_softmax(-1)
 
 
 def neutral_leak(student, pre, post, samples: list[dict], stop_id: int, k: int = 16) -> dict:
