@@ -1,6 +1,7 @@
-"""lib/kernels/swiglu_gemm.py (Triton's interpreter on CPU, TRITON_INTERPRET=1, set before the import) against a float64
-silu(x · W_gateᵀ) · (x · W_upᵀ) on odd shapes: ragged row and column tiles, a K that is not a whole number of BK (the
-masked tail), several groups of row tiles (the swizzle), fp32 and bf16; leading dimensions; the refusals."""
+"""bench/swiglu_gemm.py's fused kernel (Triton's interpreter on CPU, TRITON_INTERPRET=1, set before the import)
+against a float64 silu(x · W_gateᵀ) · (x · W_upᵀ) on odd shapes: ragged row and column tiles, a K that is not a whole
+number of BK (the masked tail), several groups of row tiles (the swizzle), fp32 and bf16; leading dimensions; the
+refusals."""
 from __future__ import annotations
 
 import os
@@ -11,7 +12,14 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from lib.kernels.swiglu_gemm import swiglu, swiglu_gemm, tiling  # noqa: E402
+import importlib.util  # noqa: E402
+
+from helpers import REPO  # noqa: E402
+
+_spec = importlib.util.spec_from_file_location("swiglu_gemm_bench", REPO / "bench" / "swiglu_gemm.py")
+_mod = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_mod)
+swiglu, swiglu_gemm, tiling = _mod.swiglu, _mod.swiglu_gemm, _mod.tiling
 
 
 def reference(x, wg, wu):
