@@ -68,17 +68,7 @@ def rates() -> dict:
     """R (FLOP/s), C (bytes copied/s) and the pinned H2D / D2H rates (bytes/s), medians of 5 after a warm-up."""
     import torch
 
-    def timed(fn, reps=5):
-        fn()
-        out = []
-        for _ in range(reps):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            out.append(a.elapsed_time(b) / 1e3)
-        return statistics.median(out)
+    from bench.step_floor import event_median_s as timed
 
     x, y = (torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     src, dst = torch.empty(2**30, device="cuda", dtype=torch.int16), torch.empty(2**30, device="cuda",

@@ -57,6 +57,24 @@ def _median_time(fn, reps: int, sync) -> float:
     return statistics.median(ts)
 
 
+def event_median_s(fn, reps: int = 5, warmup: int = 1) -> float:
+    """Median seconds of one call of `fn`, CUDA events recorded around each on the current stream, after `warmup`
+    calls (bench/source_step.py's rates, bench/swiglu_gemm.py's methods)."""
+    import torch
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        out.append(a.elapsed_time(b) / 1e3)
+    return statistics.median(out)
+
+
 def measure_rates(n: int = 8192, copy_gib: float = 2.0, reps: int = 5, device=None) -> dict:
     """{'matmul_flops': 2n³ / t of a bf16 n×n mm, 'copy_bytes_per_s': bytes / t of a copy_, median of `reps`}."""
     import torch

@@ -44,7 +44,6 @@ import argparse
 import json
 import os
 import re
-import statistics
 import sys
 from pathlib import Path
 
@@ -52,6 +51,9 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.step_floor import event_median_s  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -150,19 +152,8 @@ TILINGS = ["m128n128k64w8t3", "m128n128k64w8t3g16", "m128n128k64w8t3g32", "m128n
 
 
 def timed(fn, warmup: int, reps: int) -> float:
-    """Median µs of one call, CUDA events around each."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b) * 1e3)
-    return statistics.median(out)
+    """Median µs of one call (CUDA events around each, bench/step_floor.py)."""
+    return event_median_s(fn, reps, warmup) * 1e6
 
 
 def matmul_rate(warmup: int, reps: int) -> float:
@@ -226,7 +217,7 @@ def main(argv=None):
                 rows.append(row)
                 print(f"{shape:13s} M {M:6d} {name:24s} {us:9.1f} µs {tflops:6.0f} TFLOP/s ({row['pct_of_R']:5.1f} % "
                       f"of R)  err {err:.1e}" + (f"  {row['vs_inductor']:.3f}× inductor" if base else ""))
-            del x, ref
+            x = ref = None                                  # freed before the next M
     if args.out:
         args.out.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
