@@ -114,6 +114,7 @@ def neutral_leak(student, pre, post, samples: list[dict], stop_id: int, k: int =
         d_stop.append(lp_post[:, stop_id] - lp_pre[:, stop_id])
     A_NK, cand_NK, stop_N, p_N, d_N = (torch.cat(x) for x in (A, cand, stop, p_stop, d_stop))
     leak_NK = cand_NK & ~stop_N[:, None]
+
     def push(adv_NK):                # A_stop − p_stop Σ_k A_k at each position (A_stop = 0 off the top-K)
         return (adv_NK * cand_NK).sum(1) - p_N * adv_NK.sum(1)
 

@@ -54,6 +54,7 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.step_floor import event_median_s  # noqa: E402
+from lib.shapes import SHAPES  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -146,7 +147,6 @@ def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, tiling_nam
 
 # --- the bench ---
 
-SHAPES = {"qwen2.5-1.5b": (1536, 8960), "qwen2.5-7b": (3584, 18944)}         # hidden K, intermediate N
 TILINGS = ["m128n128k64w8t3", "m128n128k64w8t3g16", "m128n128k64w8t3g32", "m128n128k64w8t4", "m128n128k32w8t4",
            "m256n64k64w8t3", "m128n64k64w8t3", "m128n64k64w4t3"]   # the best eight of the H100 calls' sixteen
 
@@ -188,7 +188,7 @@ def main(argv=None):
     tail = torch.compile(merged_tail, dynamic=False)
     rows = []
     for shape in args.shapes.split(","):
-        K, N = SHAPES[shape]
+        K, N = SHAPES[shape]["hidden_size"], SHAPES[shape]["intermediate_size"]
         wg, wu = (torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * K ** -0.5 for _ in range(2))
         wgu = torch.cat([wg, wu])
         for M in map(int, args.rows.split(",")):
