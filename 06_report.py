@@ -141,6 +141,12 @@ def level_table(entries: list[dict], label_head: list[str], label, source: str) 
               source)
 
 
+def devices_cell(counts: dict) -> str:
+    """{device string: runs} as "cpu (2 cores) × 61; NVIDIA H200 × 3"; "—" for a ledger 05 wrote before it counted
+    devices."""
+    return "; ".join(f"{d} × {n}" for d, n in counts.items()) or "—"
+
+
 def slug(s: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", s)
 
@@ -252,7 +258,7 @@ if PEND["runs"] or PEND["units"]:
                 f"and are not counted (§9).")
 tot = ledger["total"]
 tldr.append(f"Time: {tot['n_runs']} stage runs, {num(tot['wall_s'], 1)} s wall-clock, {num(tot['gpu_s'], 1)} "
-            f"GPU-seconds (time ledger below).")
+            f"GPU-seconds; runs by the devices they saw: {devices_cell(tot.get('devices', {}))} (time ledger below).")
 
 L += [f"# Direct-OPD campaign report — `{run_dir.name}`", "",
       f"Pair `{T['pair']}`: π_pre `{T['pi_pre']}` → π_post `{T['pi_post']}`. Every number below is read from a file "
@@ -702,13 +708,18 @@ table(["unit a", "unit b", "problems", "seeds a", "seeds b", "grids", "restricte
 
 # --- 8. time ledger ---
 L += ["## 8. Time ledger", "", "Summed from every manifest.json under the campaign directory (this report's own "
-      "manifest excluded), as the source report summed its cost ledger.", ""]
-table(["stage", "runs", "wall-clock s", "GPU-seconds"],
-      [[k, v["n_runs"], num(v["wall_s"], 1), num(v["gpu_s"], 1)] for k, v in ledger["stages"].items()] +
-      [["**total**", tot["n_runs"], num(tot["wall_s"], 1), num(tot["gpu_s"], 1)]], "the manifests listed below")
-table(["directory", "stage", "run", "started", "wall-clock s", "GPU-seconds"],
-      [[f"`{r['dir']}`", r["stage"], r["kind"], r["started"] or "—", num(r["wall_s"], 1), num(r["gpu_s"], 1)]
-       for r in ledger["runs"]], "each row's `manifest.json`; overwritten reruns from `stats/ledger.json`")
+      "manifest excluded), as the source report summed its cost ledger. A run's devices are those its stage could "
+      "see (the manifest's `devices`: the GPUs where CUDA was available, else the CPU; a toy stage hides the GPUs, "
+      "lib/cpu_repro.py), so a reader knows where each number was computed.", ""]
+table(["stage", "runs", "wall-clock s", "GPU-seconds", "devices (runs)"],
+      [[k, v["n_runs"], num(v["wall_s"], 1), num(v["gpu_s"], 1), devices_cell(v.get("devices", {}))]
+       for k, v in ledger["stages"].items()] +
+      [["**total**", tot["n_runs"], num(tot["wall_s"], 1), num(tot["gpu_s"], 1), devices_cell(tot.get("devices", {}))]],
+      "the manifests listed below")
+table(["directory", "stage", "run", "started", "wall-clock s", "GPU-seconds", "devices"],
+      [[f"`{r['dir']}`", r["stage"], r["kind"], r["started"] or "—", num(r["wall_s"], 1), num(r["gpu_s"], 1),
+        r.get("devices", "—")] for r in ledger["runs"]],
+      "each row's `manifest.json`; overwritten reruns from `stats/ledger.json`")
 
 # --- 9. pending ---
 L += ["## 9. Pending", "", "Training runs without manifest.json and eval units not finished (or not yet run) are "

@@ -109,6 +109,24 @@ def test_names_toy():
     assert not cpu_repro.names_toy(["04_eval.py", "--model", "runs/x/step_1", "--benchmark", "aime24"])
 
 
+def test_a_toy_stage_hides_the_gpus_and_a_real_pair_keeps_them():
+    """pin_if_toy on a toy command line: CUDA_VISIBLE_DEVICES is emptied before torch is imported (a GPU host ran the
+    toy on its GPU before, in bf16); a real pair's command line leaves the variable and the process unpinned."""
+    script = ("import os, sys; sys.path.insert(0, sys.argv[1]); from lib import cpu_repro; "
+              "cpu_repro.pin_if_toy(sys.argv[2:]); import torch; "
+              "print(repr(os.environ.get('CUDA_VISIBLE_DEVICES')), torch.get_num_threads())")
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "0,1", "OMP_NUM_THREADS": "2"}
+    env = {k: v for k, v in env.items() if k not in cpu_repro.PINNED_ENV or k == "OMP_NUM_THREADS"}
+    runs = {}
+    for argv in (["--pair", "toy-collapse"], ["--pair", "openthinker"]):
+        out = subprocess.run([sys.executable, "-c", script, str(REPO), *argv], env=env, capture_output=True, text=True,
+                             timeout=300)
+        assert out.returncode == 0, out.stderr
+        runs[argv[1]] = out.stdout.split()
+    assert runs["toy-collapse"] == ["''", "1"]                   # hidden, and pinned to one thread
+    assert runs["openthinker"] == ["'0,1'", "2"]                 # untouched
+
+
 def test_manifest_records_the_pin_and_the_cpu(tmp_path):
     (tmp_path / "out.txt").write_text("x")
     write_manifest(tmp_path, stage="t", script=__file__, args={}, inputs={}, outputs=["out.txt"], started="s",

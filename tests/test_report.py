@@ -563,6 +563,12 @@ def close(tok: str, want) -> bool:
     return f"{float(want):{'+' if tok[0] in '+-' else ''}.{nd}f}" == tok
 
 
+def devices_counted(rows: list[dict]) -> str:
+    """The report's devices cell for ledger rows, counted here: "<device> × <runs>", devices in sorted order."""
+    names = sorted({r.get("devices") or "not recorded" for r in rows})
+    return "; ".join(f"{d} × {sum((r.get('devices') or 'not recorded') == d for r in rows)}" for d in names)
+
+
 def check_cell(cell: str, kind: str, want, where: str) -> int:
     cell = cell.replace("**", "").strip("`")
     if kind == "str":
@@ -634,7 +640,7 @@ def table_specs(campaign):
     earlier = [dict(r, kind="earlier run (overwritten manifest)" if r["dir"] in dirs else "earlier run (folder removed)")
                for r in LED if (r["dir"], r["stage"], r["started"], r["ended"], r["wall_s"]) not in now]
     ledger_rows = [{"dir": d, "stage": m["stage"], "started": m["started"], "wall_s": m["wall_s"], "gpu_s": m["gpu_s"],
-                    "kind": "latest"} for d, m in manifests] + earlier
+                    "kind": "latest", "devices": ", ".join(m["devices"])} for d, m in manifests] + earlier
     stage_rows = [{"stage": s, "rows": [r for r in ledger_rows if r["stage"] == s]} for s in {r["stage"] for r in ledger_rows}]
     stage_rows.append({"stage": "**total**".strip("*"), "rows": ledger_rows})
     primary = {"toy": "sample4"}
@@ -815,12 +821,13 @@ def table_specs(campaign):
           "problem subset": ("str", lambda r: r["audit"]["subset"] or "—")}),
         (["stage", "runs"], stage_rows, {"stage": lambda r: r["stage"]},
          {"runs": ("num", lambda r: len(r["rows"])), "wall-clock s": ("sum", lambda r: [x["wall_s"] for x in r["rows"]]),
-          "GPU-seconds": ("sum", lambda r: [x["gpu_s"] for x in r["rows"]])}),
+          "GPU-seconds": ("sum", lambda r: [x["gpu_s"] for x in r["rows"]]),
+          "devices (runs)": ("str", lambda r: devices_counted(r["rows"]))}),
         (["directory", "stage", "run", "started"], ledger_rows,
          {"directory": lambda r: r["dir"], "stage": lambda r: r["stage"], "run": lambda r: r["kind"],
           "started": lambda r: r["started"], "wall-clock s": lambda r: f"{r['wall_s']:.1f}"},
          {
-          "GPU-seconds": ("num", lambda r: r["gpu_s"])}),
+          "GPU-seconds": ("num", lambda r: r["gpu_s"]), "devices": ("str", lambda r: r["devices"])}),
         (["item", "what"], PEND["runs"] + PEND["units"], {"item": lambda r: r.get("dir") or r["unit"]},
          {"what": ("str", lambda r: "training run" if "dir" in r else "eval unit"),
           "detail": ("str", lambda r: f"reward {r['reward']}, seed {r['seed']}, {r['steps_logged']} steps logged"
@@ -944,10 +951,12 @@ def check_tldr(campaign) -> None:
         assert all(close(a, b) for a, b in zip(nums, want)), (run, nums, want)
     k6 = len(tldr) - 1
     ledger_rows = next(s for s in table_specs(campaign) if s[0][0] == "directory")[1]
-    m = re.search(r"Time: (\d+) stage runs, (\S+) s wall-clock, (\S+) GPU-seconds", tldr[k6])
+    m = re.search(r"Time: (\d+) stage runs, (\S+) s wall-clock, (\S+) GPU-seconds; runs by the devices they saw: "
+                  r"(.+) \(time ledger below\)", tldr[k6])
     assert int(m[1]) == len(ledger_rows)
     check_cell(m[2], "sum", [r["wall_s"] for r in ledger_rows], "TL;DR time")
     check_cell(m[3], "sum", [r["gpu_s"] for r in ledger_rows], "TL;DR time")
+    check_cell(m[4], "str", devices_counted(ledger_rows), "TL;DR devices")
     seen |= {k3, k4, k5, k6}
     assert seen == set(range(len(tldr))), f"TL;DR lines without a check: {[tldr[i] for i in set(range(len(tldr))) - seen]}"
     assert not re.search(r"\bnull\b|terminal checkpoint|capability transfer detected", readme)

@@ -356,19 +356,24 @@ def test_time_ledger_adds_reruns(tmp_path):
         (tmp_path / d / "manifest.json").write_text(json.dumps(
             {"stage": stage, "started": started, "ended": started, "wall_s": wall, "gpu_s": gpu, **extra}))
 
-    manifest("raft", "07_raft", "t0", 596.3)
+    manifest("raft", "07_raft", "t0", 596.3, devices=["cpu (2 cores)"])
     manifest("report", "06_report", "t0", 5.0)                  # the report's own manifest is left out
     old = manifest_runs(tmp_path)
     manifest("raft", "07_raft", "t1", 17.1)                     # the rerun overwrites raft/manifest.json
-    manifest("train/opd", "03_opd_train", "t2", 30.0, 4.0, previous_runs=[{"started": "t1", "wall_s": 70.0, "gpu_s": 8.0}])
+    manifest("train/opd", "03_opd_train", "t2", 30.0, 4.0, devices=["NVIDIA H200"],
+             previous_runs=[{"started": "t1", "wall_s": 70.0, "gpu_s": 8.0}])
     now = manifest_runs(tmp_path)
     back = earlier_runs(old, now)
     assert [(r["dir"], r["wall_s"]) for r in back] == [("raft", 596.3)]
     assert earlier_runs(now, now) == []
     led = time_ledger(tmp_path, earlier=back)
-    assert led["stages"]["07_raft"] == {"n_runs": 2, "wall_s": pytest.approx(613.4), "gpu_s": 0.0}
-    assert led["stages"]["03_opd_train"] == {"n_runs": 2, "wall_s": 100.0, "gpu_s": 12.0}
+    assert led["stages"]["07_raft"] == {"n_runs": 2, "wall_s": pytest.approx(613.4), "gpu_s": 0.0,
+                                        "devices": {"cpu (2 cores)": 1, "not recorded": 1}}
+    assert led["stages"]["03_opd_train"] == {"n_runs": 2, "wall_s": 100.0, "gpu_s": 12.0,
+                                             "devices": {"NVIDIA H200": 1, "not recorded": 1}}
     assert "06_report" not in led["stages"] and led["total"]["n_runs"] == 4
+    # where each run was computed: its manifest's devices; an earlier run a manifest lists names none
+    assert led["total"]["devices"] == {"NVIDIA H200": 1, "cpu (2 cores)": 1, "not recorded": 2}
 
 
 # --- conditions, snapshots, the naive comparison, hypotheses (lib/report/conditions.py, hypotheses.py) ---

@@ -353,10 +353,18 @@ def pending_runs(run_dir: Path) -> list[dict]:
 
 # --- the time ledger ---
 
+NO_DEVICES = "not recorded"    # a run whose record names no devices: an earlier run a manifest lists, an older ledger
+
+
+def devices_text(devices) -> str:
+    """A manifest's `devices` (lib/artifacts.devices: the GPUs the stage could see, else the CPU) as one cell."""
+    return ", ".join(devices) if devices else NO_DEVICES
+
+
 def _ledger_row(rel: str, manifest_rel: str, stage: str, rec: dict, kind: str) -> dict:
     return {"dir": rel, "manifest": manifest_rel, "stage": stage, "started": rec.get("started"),
             "ended": rec.get("ended"), "kind": kind, "wall_s": float(rec.get("wall_s", 0.0)),
-            "gpu_s": float(rec.get("gpu_s", 0.0))}
+            "gpu_s": float(rec.get("gpu_s", 0.0)), "devices": devices_text(rec.get("devices"))}
 
 
 def _run_key(r: dict) -> tuple:
@@ -390,14 +398,19 @@ def earlier_runs(previous: list[dict], current: list[dict]) -> list[dict]:
 
 def time_ledger(run_dir: Path, earlier: list[dict] = (), exclude=("report",)) -> dict:
     """Wall-clock and GPU-seconds of every stage run under the campaign: the manifests on disk plus `earlier` rows
-    (reruns whose manifest was overwritten), summed per stage."""
-    rows = manifest_runs(run_dir, exclude) + list(earlier)
+    (reruns whose manifest was overwritten), summed per stage; and the devices the runs saw, per stage and in all
+    (each device string with its count of runs), so that a report says where its numbers were computed."""
+    rows = [dict(r, devices=r.get("devices") or NO_DEVICES) for r in manifest_runs(run_dir, exclude) + list(earlier)]
     rows.sort(key=lambda r: (r["dir"], r["started"] or "", r["kind"]))
-    stages = defaultdict(lambda: {"n_runs": 0, "wall_s": 0.0, "gpu_s": 0.0})
+    stages = defaultdict(lambda: {"n_runs": 0, "wall_s": 0.0, "gpu_s": 0.0, "devices": {}})
     for r in rows:
         s = stages[r["stage"]]
         s["n_runs"] += 1
         s["wall_s"] += r["wall_s"]
         s["gpu_s"] += r["gpu_s"]
-    total = {"n_runs": len(rows), "wall_s": sum(r["wall_s"] for r in rows), "gpu_s": sum(r["gpu_s"] for r in rows)}
+        s["devices"][r["devices"]] = s["devices"].get(r["devices"], 0) + 1
+    total = {"n_runs": len(rows), "wall_s": sum(r["wall_s"] for r in rows), "gpu_s": sum(r["gpu_s"] for r in rows),
+             "devices": {d: sum(r["devices"] == d for r in rows) for d in sorted({r["devices"] for r in rows})}}
+    for s in stages.values():
+        s["devices"] = dict(sorted(s["devices"].items()))
     return {"runs": rows, "stages": dict(sorted(stages.items())), "total": total}
