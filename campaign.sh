@@ -87,8 +87,8 @@ if [ "$PAIR" = toy ]; then
   # The toy models are tiny and start far from the teacher: a larger learning rate, and fewer, smaller steps (one
   # pass over the 1,440 toy training prompts). Each prompt is forwarded once for its rollouts (--share-prompts, in
   # packed micro-batches): a toy prompt is longer than its responses, so this takes 21-31 % off a toy step and 15 %
-  # off the campaign on the Zen 4 EPYC, every verdict the same in six seeds there (bench/RESULTS.md §17; on an Intel
-  # Xeon of another model than the padded runs' every verdict but the arm's collapse, §15). Everything else is
+  # off the campaign on the Zen 4 EPYC, every verdict the same in six seeds there (bench/RESULTS.md §17; on a GPU
+  # host running the Xeon world, every verdict but the arm's collapse with its previous π_post, §15). Everything else is
   # DESIGN.md §7's default.
   TRAIN_FLAGS=(--steps 45 --batch-prompts 32 --lr 2e-4 --save-every 15 --micro-batch 32 --packing on --share-prompts)
   CKPT_EVALS="toy:sample4"
@@ -186,7 +186,7 @@ if [ "$PAIR" = toy ] && [ "$COLLAPSE_ARM" != 0 ]; then
   # TOY_COLLAPSE_LR / TOY_COLLAPSE_LOW_LR (its hypotheses select the conditions by them); the caps are the student
   # toy-long's (64 response tokens). 20 steps of 16 prompts × 4 at lr 7.5e-4. With the arm's π_post now (world
   # 4208b47b5c8c6571: π_pre with its stop token's mass moved, going on priced ≈ 0) every raw seed collapsed on both
-  # CPU vendors (onsets 4 / 5 / 5 on the AMD EPYC, 3 / 4 / 3 on an Intel Xeon, six of six there), neutral-all held
+  # CPU vendors (onsets 4 / 5 / 5 on the AMD EPYC, 3 / 4 / 3 on a 2-core Intel Xeon), neutral-all held
   # every seed (peak clip 0.000) and every other fix's onset came by step 9 (DESIGN.md §10). Those runs went 40 steps
   # (80 at low lr), which the campaign ran until 2bf4eb5; a run's first 20 steps are the same bytes whatever --steps
   # says (constant lr, one data order), so halving the arm changed no onset and no verdict, only the cost: the
