@@ -76,9 +76,9 @@ def pin_if_toy(argv: list[str]) -> None:
     """A stage script's first call: the toy pair (CPU-sized, byte-reproducible by design) runs pinned, on the CPU.
 
     On a machine with a GPU the stages would otherwise train and evaluate the toy there (bf16, the sampler's fast
-    draws): other arithmetic than the pinned CPU path the committed bytes and the README's toy numbers come from, and
-    no faster at the toy's size. Six toy campaigns run on a lent GPU host's 16 cores until 2026-12-07 did exactly that
-    while their records named only the host's CPU (bench/RESULTS.md §15), so the GPUs are hidden from a toy stage."""
+    draws): other arithmetic than the pinned CPU path that the committed bytes and the README's toy numbers come from.
+    Six toy campaigns meant for a lent GPU host's 16 cores did exactly that until 2026-12-07, while their records named
+    only the host's CPU (bench/RESULTS.md §15), so the GPUs are hidden from a toy stage."""
     if names_toy(argv):
         os.environ["CUDA_VISIBLE_DEVICES"] = ""       # read when CUDA initialises: torch.cuda.is_available() is False
         pin()
