@@ -53,7 +53,7 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.step_floor import event_median_s  # noqa: E402
+from bench.step_floor import event_median_s, measure_rates  # noqa: E402
 from lib.shapes import SHAPES  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -156,12 +156,6 @@ def timed(fn, warmup: int, reps: int) -> float:
     return event_median_s(fn, reps, warmup) * 1e6
 
 
-def matmul_rate(warmup: int, reps: int) -> float:
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    us = timed(lambda: a @ a, warmup, reps)
-    return 2 * 8192 ** 3 / (us * 1e-6) / 1e12
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", default="qwen2.5-1.5b,qwen2.5-7b")
@@ -174,7 +168,8 @@ def main(argv=None):
     if not torch.cuda.is_available():
         sys.exit("bench/swiglu_gemm.py: needs CUDA (CUDA events); the kernel's CPU tests are tests/test_swiglu_gemm.py")
     torch.manual_seed(0)
-    R = matmul_rate(args.warmup, args.reps)
+    # R as bench/step_floor.py measures it for every floor in bench/RESULTS.md (an 8192² bf16 mm; a small copy beside)
+    R = measure_rates(reps=args.reps, copy_gib=0.25)["matmul_flops"] / 1e12
     print(f"R = {R:.0f} TFLOP/s (bf16 8192² mm), {torch.cuda.get_device_name()}")
 
     def unfused(x, wg, wu):

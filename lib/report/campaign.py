@@ -400,17 +400,18 @@ def time_ledger(run_dir: Path, earlier: list[dict] = (), exclude=("report",)) ->
     """Wall-clock and GPU-seconds of every stage run under the campaign: the manifests on disk plus `earlier` rows
     (reruns whose manifest was overwritten), summed per stage; and the devices the runs saw, per stage and in all
     (each device string with its count of runs), so that a report says where its numbers were computed."""
+    # rows of an older ledger (05 before it recorded devices) get NO_DEVICES like an earlier run a manifest lists
     rows = [dict(r, devices=r.get("devices") or NO_DEVICES) for r in manifest_runs(run_dir, exclude) + list(earlier)]
     rows.sort(key=lambda r: (r["dir"], r["started"] or "", r["kind"]))
-    stages = defaultdict(lambda: {"n_runs": 0, "wall_s": 0.0, "gpu_s": 0.0, "devices": {}})
-    for r in rows:
-        s = stages[r["stage"]]
-        s["n_runs"] += 1
-        s["wall_s"] += r["wall_s"]
-        s["gpu_s"] += r["gpu_s"]
-        s["devices"][r["devices"]] = s["devices"].get(r["devices"], 0) + 1
+
+    def devices(of):             # {device string: runs}, sorted by device
+        return dict(sorted(Counter(r["devices"] for r in of).items()))
+
+    stages = {}
+    for name in sorted({r["stage"] for r in rows}):
+        of = [r for r in rows if r["stage"] == name]
+        stages[name] = {"n_runs": len(of), "wall_s": sum(r["wall_s"] for r in of), "gpu_s": sum(r["gpu_s"] for r in of),
+                        "devices": devices(of)}
     total = {"n_runs": len(rows), "wall_s": sum(r["wall_s"] for r in rows), "gpu_s": sum(r["gpu_s"] for r in rows),
-             "devices": {d: sum(r["devices"] == d for r in rows) for d in sorted({r["devices"] for r in rows})}}
-    for s in stages.values():
-        s["devices"] = dict(sorted(s["devices"].items()))
-    return {"runs": rows, "stages": dict(sorted(stages.items())), "total": total}
+             "devices": devices(rows)}
+    return {"runs": rows, "stages": stages, "total": total}
