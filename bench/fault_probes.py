@@ -653,9 +653,9 @@ def wording_dropped(d):
 
 # --- 8. a killed eval resumes ---
 
-@probe("eval-killed-resumes", "8 eval", "held", "04 SIGKILLed once its first chunk of samples is on disk (480 samples, "
-       "2 chunks), then the same command: resumes, the unit byte-identical to an uninterrupted one")
-def eval_killed(d):
+def whole_and_killed_eval(d: Path) -> tuple[list[str], str, Path]:
+    """One toy eval unit (120 problems × 4 samples, 2 chunks) run whole under d/whole, and the same command under
+    d/killed SIGKILLed once its first chunk is on disk: (its arguments, the unit's folder, the partial file)."""
     args = ["--model=toy-student", "--benchmark=toy", "--protocol=sample4", "--limit-problems=120"]
     u = "evals/toy-student_sub120/toy/sample4"
     ok(stage("04_eval.py", f"--run-dir={d / 'whole'}", *args))
@@ -667,6 +667,13 @@ def eval_killed(d):
     a.wait()
     check(a.returncode == -signal.SIGKILL and not (d / "killed" / u / "manifest.json").exists(),
           f"04 finished before it could be killed (exit {a.returncode}): rerun the probe")
+    return args, u, part
+
+
+@probe("eval-killed-resumes", "8 eval", "held", "04 SIGKILLed once its first chunk of samples is on disk (480 samples, "
+       "2 chunks), then the same command: resumes, the unit byte-identical to an uninterrupted one")
+def eval_killed(d):
+    args, u, part = whole_and_killed_eval(d)
     n = part.read_bytes().count(b"\n")
     check("resuming" in ok(stage("04_eval.py", f"--run-dir={d / 'killed'}", *args)).stdout, "no resume")
     for f in ("samples.jsonl", "scores.json"):
@@ -1216,17 +1223,7 @@ def edited_toy_data(d):
        "(valid JSON still), then the same command: the damaged row is generated again, the unit byte-identical to an "
        "uninterrupted one")
 def damaged_partial(d):
-    args = ["--model=toy-student", "--benchmark=toy", "--protocol=sample4", "--limit-problems=120"]
-    u = "evals/toy-student_sub120/toy/sample4"
-    ok(stage("04_eval.py", f"--run-dir={d / 'whole'}", *args))
-    part = d / "killed" / u / "generations.partial.jsonl"
-    a = popen([PY, "04_eval.py", f"--run-dir={d / 'killed'}", *args])
-    wait_until(lambda: a.poll() is not None or (part.exists() and part.read_bytes().count(b"\n") >= 256), T,
-               "no chunk of samples was ever written", 0.02)
-    a.kill()
-    a.wait()
-    check(a.returncode == -signal.SIGKILL and not (d / "killed" / u / "manifest.json").exists(),
-          f"04 finished before it could be killed (exit {a.returncode}): rerun the probe")
+    args, u, part = whole_and_killed_eval(d)
     lines = part.read_text().splitlines(keepends=True)
     k = next(i for i, x in enumerate(lines) if re.search(r"Answer: \d", x))
     lines[k] = re.sub(r"Answer: (\d)", lambda m: f"Answer: {(int(m[1]) + 1) % 10}", lines[k], count=1)
