@@ -10,7 +10,13 @@ CUDA graph and replayed --reps times. Reported: µs per call, the K and V bytes 
 memory, and the max |error| against a float32 torch reference (masked softmax attention over the same cache, the
 new K/V row included), which every tiling must pass.
 
+`--share n --prompt P` (03's rollouts: n requests of one prompt in neighbouring slots): the slots come in groups of
+n whose first P rows are the same, and each tiling is timed twice, each slot reading its own copy (`reads: own`) and
+the followers reading the first slot's (`reads: shared`, lib/sample/decode.py's `shared_reads`); TB/s counts the
+bytes of every slot's copy in both, so the shared row's figure is what it reads as if unshared.
+
     python3 bench/decode_attn.py --out /tmp/attn.json                                  # GPU: the default sweep
+    python3 bench/decode_attn.py --cases 256:704:356 --share 4 --prompt 154 --tilings c128b64w4s2   # shared reads
     TRITON_INTERPRET=1 python bench/decode_attn.py --cases 2:64:40 --tilings c16b16w1 --reps 1 --dtype float32
 """
 from __future__ import annotations
@@ -40,6 +46,8 @@ def parse(argv=None):
     p.add_argument("--reps", type=int, default=200, help="graph replays timed per case and tiling")
     p.add_argument("--layers", type=int, default=4, help="calls per replay, each over its own cache")
     p.add_argument("--dtype", default="bfloat16", help="cache and query dtype")
+    p.add_argument("--share", type=int, default=1, help="slots per shared prompt (groups of neighbouring slots)")
+    p.add_argument("--prompt", type=int, default=0, help="with --share: the rows [0, P) a group shares (P ≤ p)")
     p.add_argument("--out", default=None, help="write the rows as JSON here")
     return p.parse_args(argv)
 
@@ -80,17 +88,23 @@ def main(argv=None):
         caches = [(rnd(S, Hkv, T, D), rnd(S, Hkv, T, D)) for _ in range(args.layers - 1)] if cuda else []
         pos = torch.full((S,), p, device=dev, dtype=torch.int64)
         scale = D ** -0.5
+        lead = torch.arange(S, device=dev, dtype=torch.int32) // args.share * args.share    # each group's first
+        pre = torch.full((S,), min(args.prompt, p), device=dev, dtype=torch.int32)
+        for a, b in [(kc, vc)] + caches:                                  # the followers' copies of the prompt
+            a[:, :, :args.prompt].copy_(a[lead.long(), :, :args.prompt])
+            b[:, :, :args.prompt].copy_(b[lead.long(), :, :args.prompt])
         ref = reference(q, k, v, kc, vc, pos, scale)
         nbytes = S * Hkv * (p + 1) * D * 2 * dtype.itemsize
-        for name in args.tilings.split(","):
+        reads = {"own": ()} | ({"shared": (lead, pre)} if args.share > 1 and args.prompt > 0 else {})
+        for name, (how, extra) in ((n, r) for n in args.tilings.split(",") for r in reads.items()):
             try:
                 att = SplitAttention(S, H, Hkv, D, T, dtype, dev, **tiling(name))
-                err = (att(q, k, v, kc.clone(), vc.clone(), pos, scale).float() - ref).abs().max().item()
+                err = (att(q, k, v, kc.clone(), vc.clone(), pos, scale, *extra).float() - ref).abs().max().item()
                 if cuda:
                     graph = torch.cuda.CUDAGraph()
                     with torch.cuda.graph(graph):
                         for a, b in [(kc, vc)] + caches:
-                            att(q, k, v, a, b, pos, scale)
+                            att(q, k, v, a, b, pos, scale, *extra)
                     graph.replay()
                     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     e0.record()
@@ -102,24 +116,28 @@ def main(argv=None):
                 else:
                     t0 = time.perf_counter()
                     for _ in range(args.reps):
-                        att(q, k, v, kc, vc, pos, scale)
+                        att(q, k, v, kc, vc, pos, scale, *extra)
                     us = (time.perf_counter() - t0) * 1e6 / args.reps
-                r = {"S": S, "T": T, "p": p, "tiling": name, "us": round(us, 2),
+                r = {"S": S, "T": T, "p": p, "tiling": name, **({"reads": how} if len(reads) > 1 else {}),
+                     "us": round(us, 2),
                      "TB_s": round(nbytes / us / 1e6, 3), "max_err": err, "programs": att.n_items,
                      **{k: getattr(att.compiled, k, None) for k in ("n_regs", "n_spills")},
                      "shared": getattr(getattr(att.compiled, "metadata", None), "shared", None)}
             except Exception as e:  # noqa: BLE001  (one tiling failing to compile must not lose the others)
-                r = {"S": S, "T": T, "p": p, "tiling": name, "error": f"{type(e).__name__}: {e}"[:300]}
+                r = {"S": S, "T": T, "p": p, "tiling": name, **({"reads": how} if len(reads) > 1 else {}),
+                     "error": f"{type(e).__name__}: {e}"[:300]}
             rows.append(r)
             print(json.dumps(r), flush=True)
         best = min((r for r in rows if r.get("S") == S and r.get("T") == T and r.get("p") == p and "us" in r),
                    key=lambda r: r["us"], default=None)
         if best:
-            print(f"== best for {case}: {best['tiling']} {best['us']} µs, {best['TB_s']} TB/s", flush=True)
+            print(f"== best for {case}: {best['tiling']} {best.get('reads', '')} {best['us']} µs, {best['TB_s']} TB/s",
+                  flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name() if cuda else "cpu",
                                               "date": time.strftime("%Y-%m-%d"), "heads": args.heads,
-                                              "dtype": args.dtype, "rows": rows}, indent=1))
+                                              "dtype": args.dtype, "share": args.share, "prompt": args.prompt,
+                                              "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

@@ -218,6 +218,81 @@ def test_split_attention_neither_writes_nor_reads_the_partials_of_chunks_past_po
     assert torch.isfinite(outs[1]).all() and torch.equal(outs[0], outs[1])
 
 
+@pytest.mark.parametrize("opts", [dict(chunk=32, block=16), dict(chunk=128, block=64)], ids=["chunks", "direct"])
+def test_split_attention_reads_a_shared_prompt_from_its_leader(opts):
+    """Shared prompts: slots 0–2 hold one prompt of 21 rows (slot 0 the leader: the others read rows < 21 from
+    it), slots 3–4 one of 40 (slot 3 the leader), slot 5 its own; the prompt lengths cut a tile and a chunk. With
+    every follower's own prompt rows poisoned with NaN, the call given (lead, pre) must equal bit for bit the clean
+    call without them, write each step's new row into the slot's own cache, and leave the leaders' rows as they
+    were; without (lead, pre) the poisoned call is NaN where a follower reads (so the poison is there to be read)."""
+    from lib.sample.decode_triton import SplitAttention
+    S, H, Hkv, D, T, dev = 6, 6, 2, 32, 90, "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator().manual_seed(5)
+    kc, vc = (torch.randn(S, Hkv, T, D, generator=g).to(dev) for _ in range(2))
+    q, k, v = (torch.randn(S, h, D, generator=g).to(dev) for h in (H, Hkv, Hkv))
+    lead = torch.tensor([0, 0, 0, 3, 3, 5], device=dev, dtype=torch.int32)
+    pre = torch.tensor([21, 21, 21, 40, 40, 7], device=dev, dtype=torch.int32)
+    pos = torch.tensor([21, 50, 89, 40, 75, 33], device=dev)
+    for s in range(S):                                                   # the followers' copies of the prompt
+        kc[s, :, :pre[s]], vc[s, :, :pre[s]] = kc[lead[s], :, :pre[s]], vc[lead[s], :, :pre[s]]
+    follower = [s for s in range(S) if lead[s] != s]
+    att = SplitAttention(S, H, Hkv, D, T, torch.float32, dev, **opts)
+    clean = att(q, k, v, kc.clone(), vc.clone(), pos, 0.3).clone()
+    poisoned = []
+    for shared in (True, False):
+        a, b = kc.clone(), vc.clone()
+        for s in follower:
+            a[s, :, :pre[s]], b[s, :, :pre[s]] = float("nan"), float("nan")
+        o = att(q, k, v, a, b, pos, 0.3, *((lead, pre) if shared else ())).clone()
+        poisoned.append((o, a, b))
+    (o, a, b), (o_own, _, _) = poisoned
+    assert torch.isfinite(o).all() and torch.equal(o, clean)
+    rows = torch.arange(S, device=dev)
+    assert torch.equal(a[rows, :, pos], k) and torch.equal(b[rows, :, pos], v)
+    for s in (0, 3, 5):
+        assert torch.equal(a[s, :, :pos[s]], kc[s, :, :pos[s]]) and torch.equal(b[s, :, :pos[s]], vc[s, :, :pos[s]])
+    assert o_own[follower].isnan().all() and torch.equal(o_own[[0, 3, 5]], clean[[0, 3, 5]])
+
+
+def test_decoder_reads_shared_prompts_from_leaders_and_back_when_a_leader_is_refilled(tiny, monkeypatch):
+    """The decoder's shared reads (`shared_reads`, on with the triton attention): 7 prompts asked 3 times each, in 4
+    slots, sampled with distinct seeds and stop ids common enough that rows of one prompt finish apart. Every
+    request's tokens and log-probs must be the teacher-forced reference's and those of the same run with the reads
+    off; the run must have refilled a leader while one of its followers still decoded (the case where a follower
+    must go back to its own copy), and held followers at all. A run with 21 slots (no refill) that poisons every
+    follower's own prompt rows with NaN after the prefill must return what 21 slots return with the reads off (not
+    the 4-slot run's numbers: the GEMMs round differently at another slot count)."""
+    tok, model = tiny
+    prompts = [p for p in odd_prompts() for _ in range(3)]
+    seeds = list(range(len(prompts)))
+    stop = [tok.eos_token_id] + list(range(40, 60))
+    events = {"followers": 0, "leader_refilled_under_a_follower": 0}
+    prefill = Decoder._prefill
+
+    def watched(self, slots, prompts_, seeds_, poison=False):
+        if self.shared_reads:
+            live = [s for s in range(self.S) if not self.done_S[s]]
+            events["leader_refilled_under_a_follower"] += any(self.lead[s] in slots and self.lead[s] != s
+                                                              for s in live)
+        prefill(self, slots, prompts_, seeds_)
+        if self.shared_reads:
+            events["followers"] += sum(self.lead[s] != s for s in slots)
+            if poison:
+                for s in slots:
+                    if self.lead[s] != s:
+                        for c in self.k + self.v:
+                            c[s, :, :int(self.pre_S[s])] = float("nan")
+
+    monkeypatch.setattr(Decoder, "_prefill", watched)
+    on = run(model, prompts, seeds, stop, slots=4, T=1.0, **V2_TRITON)
+    assert events["followers"] > 0 and events["leader_refilled_under_a_follower"] > 0
+    assert_teacher_forced(model, prompts, seeds, on, 1.0, 1.0, "fast")
+    assert run(model, prompts, seeds, stop, slots=4, T=1.0, **V2_TRITON, shared_reads=False) == on
+    alone = run(model, prompts, seeds, stop, slots=len(prompts), T=1.0, **V2_TRITON, shared_reads=False)
+    monkeypatch.setattr(Decoder, "_prefill", lambda self, *a: watched(self, *a, poison=True))
+    assert run(model, prompts, seeds, stop, slots=len(prompts), T=1.0, **V2_TRITON) == alone
+
+
 def test_compiled_block_keeps_the_residual_add_out_of_the_gemm():
     """v2's attn_out_mlp adds o_proj's and down_proj's outputs to the residual after rounding them, as the model
     does eagerly: Inductor must compile three plain GEMMs (o, gate|up, down), no addmm (which would fold the add

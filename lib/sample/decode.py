@@ -103,7 +103,7 @@ class Decoder:
                  attn_opts: dict | None = None, draw_blocked: bool | None = None,
                  compile_draw: bool | str | None = None, gemm_opts: dict | None = None, share_prefill: bool = True,
                  packed_prefill: bool | None = None, fast_prefill: bool | None = None,
-                 candidates: int | None = None, scores_impl: str | None = None):
+                 candidates: int | None = None, scores_impl: str | None = None, shared_reads: bool | None = None):
         cfg = model.config
         if not runs(model):
             raise TypeError(f"lib.sample.decode runs full-attention {SUPPORTED} decoders; {type(model).__name__} "
@@ -157,6 +157,15 @@ class Decoder:
             opts = default_tiling(slots, self.H, self.Hkv, self.D) if attn_opts is None else attn_opts
             self.split_attn = SplitAttention(slots, self.H, self.Hkv, self.D, max_len, self.dtype, self.device,
                                              **opts)                           # chunk, block, warps, stages
+        # shared_reads (with share_prefill and the triton attention, on by default there): the requests of one prompt
+        # in one refill read the prompt's K/V rows from the first of their slots, the leader (each slot still holds
+        # its own copy, which a follower goes back to when its leader is refilled first); their programs run side by
+        # side, so the rows come from memory once and from L2 for the rest. The same values: the same tokens.
+        self.shared_reads = bool(self.split_attn is not None and share_prefill and not self.split_attn.tma
+                                 and (True if shared_reads is None else shared_reads))
+        i32 = dict(device=self.device, dtype=torch.int32)
+        self.lead_S, self.pre_S = torch.arange(slots, **i32), torch.zeros(slots, **i32)   # leader slot, rows read there
+        self.lead = list(range(slots))                                                     # lead_S on the host
         kw = dict(device=self.device, dtype=self.dtype)
         self.k = [torch.zeros(slots, self.Hkv, max_len, self.D, **kw) for _ in self.layers]   # (S, H_kv, T, D)
         self.v = [torch.zeros_like(k) for k in self.k]
@@ -332,7 +341,8 @@ class Decoder:
             scale = layer.self_attn.scaling
             q, k, v = attn_in(h, w["qkv"], w["q_norm"], w["k_norm"], w["qk_eps"], cos, sin)   # (S, H|H_kv, D)
             if self.split_attn is not None:                                 # writes k, v into the cache too
-                o = self.split_attn(q, k, v, self.k[l], self.v[l], self.pos_S, scale)
+                o = self.split_attn(q, k, v, self.k[l], self.v[l], self.pos_S, scale,
+                                    *((self.lead_S, self.pre_S) if self.shared_reads else ()))
             else:
                 self.k[l].scatter_(2, at, k[:, :, None])
                 self.v[l].scatter_(2, at, v[:, :, None])
@@ -408,6 +418,15 @@ class Decoder:
         rows: dict[tuple, int] = {}                                        # distinct prompt → its row
         row_of = [rows.setdefault(tuple(p), len(rows)) if self.share_prefill else i for i, p in enumerate(prompts)]
         uniq = [list(p) for p in rows] if self.share_prefill else prompts
+        if self.shared_reads:             # before any row is overwritten: a follower whose leader is refilled reads
+            refilled = set(slots)         # its own copy again; each new request reads its prompt's first slot
+            self.lead = [s if lead in refilled else lead for s, lead in enumerate(self.lead)]
+            first: dict[int, int] = {}
+            for b, r in enumerate(row_of):
+                self.lead[slots[b]] = first.setdefault(r, slots[b])
+            self.lead_S.copy_(torch.tensor(self.lead, dtype=torch.int32))
+            self.pre_S[torch.tensor(slots, device=self.device)] = torch.tensor(
+                [len(p) for p in prompts], device=self.device, dtype=torch.int32)
         a = 0
         while a < len(uniq):                                               # a pass: distinct prompts [a, a + n)
             if self.packed_prefill:                                        # ≤ prefill_tokens tokens, at least one
@@ -459,6 +478,8 @@ class Decoder:
         self.temp.fill_(temperature if temperature > 0 else 1.0)
         self.top_p.fill_(top_p)
         self.done_S.fill_(True)
+        self.lead = list(range(self.S))                        # every slot its own leader until a prefill says else
+        self.lead_S.copy_(torch.arange(self.S, dtype=torch.int32))
         # pop() takes the longest first, a prompt's requests one after another (so one refill holds them together and
         # prefills their prompt once), in input order otherwise
         first: dict[tuple, int] = {}

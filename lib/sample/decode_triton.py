@@ -18,9 +18,13 @@ For slot s at position p_s (the token being decoded), kv head j and its G query 
 
 Chunks are fixed positions (not a share of the length), so a slot's result depends on its own cache and position
 only: not on the slot count, the cache length or its batch-mates. The grid is static (S, H_kv, ⌈T / CHUNK⌉), so one
-CUDA graph serves every length. Dots run as `input_precision="ieee"` (fp32 inputs stay fp32; bf16 ones are
-unaffected). On CPU the kernels run under TRITON_INTERPRET=1 (tests/test_decode.py), set before this is imported;
-there bf16 operands are upcast to fp32 before the dots (the interpreter's bf16 dot is wrong).
+CUDA graph serves every length. Shared prompts (`lead`, `pre`): the n requests of one prompt hold identical prompt
+rows in their n slots, and slot s may read its rows before pre[s] from slot lead[s] instead. The slots of a prompt
+are neighbours in the grid, so their programs run at once: the leader's rows, read from memory by one, can reach
+the others from L2. The values read are the same, and so is the output. Dots run as `input_precision="ieee"` (fp32
+inputs stay fp32; bf16 ones are unaffected). On CPU the kernels run under TRITON_INTERPRET=1 (tests/test_decode.py),
+set before this is imported; there bf16 operands are upcast to fp32 before the dots (the interpreter's bf16 dot is
+wrong).
 """
 from __future__ import annotations
 
@@ -46,13 +50,14 @@ NEG = tl.constexpr(-1.0e30)            # "minus infinity" that keeps exp(m − m
 
 
 @triton.jit
-def _split_kernel(Q, KN, VN, KC, VC, KD, VD, POS, PO, PM, PL, O, scale,
+def _split_kernel(Q, KN, VN, KC, VC, KD, VD, POS, LEAD, PRE, PO, PM, PL, O, scale,
                   sq_s, sq_h, sk_s, sk_h, sv_s, sv_h, sc_s, sc_h, sc_t, so_s, so_h, T, n_split,
                   G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
-                  TMA: tl.constexpr, UPCAST: tl.constexpr, DIRECT: tl.constexpr):
+                  TMA: tl.constexpr, UPCAST: tl.constexpr, DIRECT: tl.constexpr, SHARED: tl.constexpr):
     """Program (s, j, c). KD, VD: the caches as (S·H_kv·T, D) tensor descriptors of (BLOCK, D) boxes when TMA.
     DIRECT (one chunk spans the cache): the program normalises its sum and writes the output O itself, no
-    partials, no combine."""
+    partials, no combine. SHARED (pointer loads only): the rows before PRE[s] are read from slot LEAD[s]'s cache,
+    which holds the same prompt rows."""
     s, j, c = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     Hkv = tl.num_programs(1)
     pos = tl.load(POS + s).to(tl.int32)
@@ -63,6 +68,9 @@ def _split_kernel(Q, KN, VN, KC, VC, KD, VD, POS, PO, PM, PL, O, scale,
         kn = tl.load(KN + s * sk_s + j * sk_h + d)                                  # (D,) this step's k, v
         vn = tl.load(VN + s * sv_s + j * sv_h + d)
         cache = s.to(tl.int64) * sc_s + j * sc_h                                    # K and V share the layout
+        if SHARED:                                              # the shared prompt's rows: the leader's copy
+            lead = tl.load(LEAD + s).to(tl.int64) * sc_s + j * sc_h
+            pre = tl.load(PRE + s).to(tl.int32)
         if pos < start + CHUNK:                                 # this chunk holds pos: the new row goes in
             tl.store(KC + cache + pos * sc_t + d, kn)
             tl.store(VC + cache + pos * sc_t + d, vn)
@@ -80,7 +88,10 @@ def _split_kernel(Q, KN, VN, KC, VC, KD, VD, POS, PO, PM, PL, O, scale,
                 k, v = KD.load([r, 0]), VD.load([r, 0])                             # (BLOCK, D)
                 v = tl.where(old[:, None], v, 0.0)
             else:
-                at = cache + n[:, None] * sc_t + d[None, :]
+                if SHARED:
+                    at = tl.where(n < pre, lead, cache)[:, None] + n[:, None] * sc_t + d[None, :]
+                else:
+                    at = cache + n[:, None] * sc_t + d[None, :]
                 k = tl.load(KC + at, mask=old[:, None], other=0.0)
                 v = tl.load(VC + at, mask=old[:, None], other=0.0)
             if UPCAST:
@@ -183,20 +194,26 @@ class SplitAttention:
                                     for c in (kc, vc))
         return self.descs[key]
 
-    def __call__(self, q, k, v, kc, vc, pos, scale: float):
+    def __call__(self, q, k, v, kc, vc, pos, scale: float, lead=None, pre=None):
         """q (S, H, D), k and v (S, H_kv, D) (any strides with a unit last one), caches (S, H_kv, T, D) contiguous
-        in their last dim, pos (S,) → attention output (S, H, D) (a buffer reused by the next call)."""
+        in their last dim, pos (S,) → attention output (S, H, D) (a buffer reused by the next call).
+        lead, pre (S,) (shared prompts, lib/sample/decode.py): slot s reads its rows before pre[s] from slot
+        lead[s]'s cache, which must hold the same rows there (its own copy is then not read). Slots that share a
+        prompt run as neighbouring programs, so the leader's rows are read from memory once and from L2 by the
+        rest; the values read, and so the output, are those of the slot's own copy. With `tma` the redirect is
+        not applied (each slot reads its own copy)."""
         S, Hkv, D, G = self.S, self.Hkv, self.D, self.G
         assert kc.stride() == vc.stride() and kc.stride(-1) == q.stride(-1) == k.stride(-1) == v.stride(-1) == 1
         assert kc.shape[2] == self.T, f"a cache of {kc.shape[2]} positions for a SplitAttention built for {self.T}"
         kd, vd = self._descriptors(kc, vc) if self.tma else (kc, vc)
-        direct = self.n_split == 1
+        direct, shared = self.n_split == 1, lead is not None and not self.tma
         self.compiled = _split_kernel[(S, Hkv, self.n_split)](
-            q, k, v, kc, vc, kd, vd, pos, self.po, self.pm, self.pl, self.out, scale,
+            q, k, v, kc, vc, kd, vd, pos, lead if shared else pos, pre if shared else pos,
+            self.po, self.pm, self.pl, self.out, scale,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             kc.stride(0), kc.stride(1), kc.stride(2), self.out.stride(0), self.out.stride(1), self.T, self.n_split,
             G=G, GP=max(16, triton.next_power_of_2(G)), D=D, CHUNK=self.chunk, BLOCK=self.block, TMA=self.tma,
-            UPCAST=INTERPRET and q.dtype != torch.float32, DIRECT=direct, **self.launch)
+            UPCAST=INTERPRET and q.dtype != torch.float32, DIRECT=direct, SHARED=shared, **self.launch)
         if direct:
             return self.out
         _combine_kernel[(S, self.H)](self.po, self.pm, self.pl, self.out, pos, self.out.stride(0), self.out.stride(1),
