@@ -2,13 +2,14 @@
 
     prefill   waiting prompts in one forward pass per refill; their K/V go into free slots. A prompt that several
               requests share (03's n rollouts of one prompt) is forwarded once and its K/V copied into each of their
-              slots; each request still draws its first token with its own seed. The distinct prompts are laid end
-              to end in one row (`packed_prefill`, the CUDA default: lib/kernels/varlen.py's attention keeps each
-              prompt to itself), or right-padded to the longest (CPU): padded, a step's 64 training prompts of
-              60–830 tokens cost 64 × the longest, 2.5–5× their sum, and the step's generation time followed the
+              slots; each request still draws its first token with its own seed (and, with the triton attention, reads
+              the prompt's rows from the first of those slots while it decodes: `shared_reads`). The distinct prompts
+              are laid end to end in one row (`packed_prefill`, the CUDA default: lib/kernels/varlen.py's attention
+              keeps each prompt to itself), or right-padded to the longest (CPU): padded, a step's 64 training prompts
+              of 60–830 tokens cost 64 × the longest, 2.5–5× their sum, and the step's generation time followed the
               longest prompt of the step. With v2's fused weights the packed pass runs v2's blocks over its tokens
-              (`fast_prefill`, default on there: one q|k|v and one gate|up GEMM a layer, norms, rotation, residuals
-              and act·up compiled into few kernels, one graph for every pass length), not the model's modules
+              (`fast_prefill`, default on there: one q|k|v and one gate|up GEMM a layer, norms, rotation, residuals and
+              act·up compiled into few kernels, one graph for every pass length), not the model's modules
     decode    one token for every slot: forward (S, 1) → draw (lib/sample/draw.py) → stop / cap bookkeeping, all on
               device; on CUDA each step is one replay of a captured CUDA graph (no host sync, no Python per kernel)
     refill    every `sync_every` steps the host reads which slots finished, collects them and, once ≥ 1/8 of the
