@@ -41,7 +41,8 @@ Bandwidth bound (what a decode step must at least read: every weight once, every
 W = parameter bytes (bf16), kv = 2 · layers · kv_heads · head_dim · 2 bytes per cached token, BW = --bandwidth
 (default 4.3 TB/s, the H200's attained streaming read used for the issue's bounds).
 `--check` first runs correctness checks on the device (greedy = generate on a tiny fp32 Qwen2 with CUDA graphs;
-sampled tokens independent of the slot count; weights changed in place reach the next run; bf16 log-prob gap
+sampled tokens independent of the slot count; a prompt's requests reading its rows from the leader's slot draw what
+they draw from their own copies; weights changed in place reach the next run; bf16 log-prob gap
 against a forward pass at each real shape). Each result row is appended to `--out` (JSONL) as soon as measured.
 """
 from __future__ import annotations
@@ -174,6 +175,9 @@ def check():
                     dec.mode = mode
                     res[(mode, slots)] = dec.run(prompts, list(range(7)), temperature=0.9, top_p=0.9)
                 res[("graphs", slots)] = len(dec.graphs)
+            shared = [p for p in prompts for _ in range(3)]            # 03's layout: a prompt asked n times
+            res["shared"] = [decoder(tiny, name, 4, 16, N, mode="fast", shared_reads=on).run(
+                shared, list(range(len(shared))), temperature=0.9, top_p=0.9) for on in (True, False)]
             dec = decoder(tiny, name, 3, 16, N, mode="fast", compile_draw=False)    # the step's draw eager
             res["eager_draw"] = dec.run(prompts, list(range(7)), temperature=0.9, top_p=0.9)
             with torch.no_grad():                       # weights changed in place reach the next run (fused copies)
@@ -191,6 +195,7 @@ def check():
                   **{f"{m}_same_tokens_3_vs_7_slots": [a[0] for a in res[(m, 3)]] == [b[0] for b in res[(m, 7)]]
                      for m in ("greedy", "fast", "exact")},
                   "in_place_update_reaches_next_run": [a[0] for a in after] == [b[0] for b in fresh],
+                  "shared_reads_same_tokens_and_logprobs": res["shared"][0] == res["shared"][1],
                   "compiled_draw_same_tokens_as_eager": [a[0] for a in res["eager_draw"]] == [
                       b[0] for b in res[("fast", 3)]]})
         except Exception as e:  # noqa: BLE001
