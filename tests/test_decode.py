@@ -9,7 +9,9 @@
 - the fast step (v2, CUDA's default) run eagerly on CPU: greedy = `generate` with fused q|k|v and gate|up GEMMs,
   with v1's attention and with the Triton split-K kernel (Triton's interpreter, TRITON_INTERPRET=1, set here
   before the kernel module is imported), and with all four GEMMs by lib/sample/skinny_gemm.py's Triton partials; the
-  kernel alone against a float64 reference, cache write included;
+  kernel alone against a float64 reference, cache write included; shared reads (a prompt's followers reading its
+  rows from the leader's slot): the kernel with the followers' own rows poisoned, the decoder's tokens with the
+  reads on and off and with a leader refilled under its followers;
   weights pushed by HFEngine.update_weights reach the fused copies (a stale copy fails it); CUDA's configuration
   constructs here (its compiled blocks are not run on CPU).
 """
