@@ -18,6 +18,10 @@
 #                 1.5B heads (its default sweep) and the 7B heads (ATTN7_TILINGS); the fastest tiling at the
 #                 smallest S (1.5B) and over every 7B case is kept in $STATE/best_tiling and $STATE/best_tiling_7b
 #                 for later parts and calls → attn_15b.json, attn_7b.json (attn_15b_old.json with OLD)
+#   attention-shared  shared reads (a prompt's n slots reading its rows from the first one's copy): their GPU tests,
+#                 then bench/decode_attn.py --share 4 at 03's 1.5B generation (256 slots, prompts of 154) and the 7B
+#                 rollouts (prompts of 512), each case with and without the reads → attn_shared_15b.json,
+#                 attn_shared_7b.json
 #   decode-step   one decode step kernel by kernel (bench/decode_profile.py, B = 64 at position 1,024, prompt 512),
 #                 PROFILE_VARIANTS (default `ours`) → decode_step.json (decode_step_old.json with OLD)
 #   gemm          the decode GEMMs at 64 rows, cuBLAS against the Triton tilings (bench/skinny_gemm.py)
@@ -103,8 +107,8 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 VLLM_USE_FLASHINFER_SAMPLER=0 \
   OPD_DATA_DIR=$(realpath -m "${OPD_DATA_DIR:-.device/data}") OPD_CACHE=$(realpath -m "${OPD_CACHE:-.cache}")
 
 usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; }
-PARTS=(kernel update sampling attention decode-step gemm rollouts rollouts-7b checks vllm-smoke prefill student-scores
-       step colocated step-vllm step-floor profile-step source-step vllm-stash vllm-install)
+PARTS=(kernel update sampling attention attention-shared decode-step gemm rollouts rollouts-7b checks vllm-smoke
+       prefill student-scores step colocated step-vllm step-floor profile-step source-step vllm-stash vllm-install)
 if [ $# = 0 ] || [ "$1" = -h ] || [ "$1" = --help ]; then usage; [ $# = 0 ] && exit 2 || exit 0; fi
 for p in "$@"; do
   [[ " ${PARTS[*]} " == *" $p "* ]] || { echo "device.sh: no part '$p'; the parts: ${PARTS[*]}" >&2; exit 2; }
@@ -256,6 +260,24 @@ for src, dst, smallest in ((sys.argv[1], sys.argv[2], True), (sys.argv[3], sys.a
         open(dst, "w").write(full[0])
         print(f"== chosen: {full[0]} (kept in {dst}) ==")
 PY
+}
+
+part_attention_shared() {   # shared reads: each case timed with every slot reading its own copy, then the leader's
+  local a15 a7 env=()
+  gpu_tests attention-shared-tests tests/test_decode.py -k "shared_prompt"
+  if [ "$TINY" = 1 ]; then
+    gpu || env=(env TRITON_INTERPRET=1)
+    a15=(--cases 8:64:40 --share 4 --prompt 13 --tilings c16b16w1 --reps 1 --dtype float32)
+    a7=(--heads 4:2:32 --cases 8:64:40 --share 4 --prompt 21 --tilings c32b16w1 --reps 1 --dtype float32)
+  else                                       # 03's generation (prompts of 154, the step's mean); §7's 7B rollouts
+    a15=(--cases 256:1280:160,256:1280:354,256:1280:553 --share 4 --prompt 154 --tilings c128b64w4s2)
+    a7=(--heads 28:4:128 --cases 64:1536:1024,256:1536:1024 --share 4 --prompt 512
+        --tilings c2048b64w4s3,c2048b32w2s4)
+  fi
+  measure attention-shared "$(lim 120)" heads "${env[@]}" python3 bench/decode_attn.py "${a15[@]}" \
+    --out "$OUT/attn_shared_15b.json"
+  measure attention-shared "$(lim 120)" heads "${env[@]}" python3 bench/decode_attn.py "${a7[@]}" \
+    --out "$OUT/attn_shared_7b.json"
 }
 
 part_decode_step() {
