@@ -26,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.decode_attn import tiling  # noqa: E402
 from lib.sample.decode_triton import _split_kernel  # noqa: E402
 
-POINTERS = {"POS": "*i64", "PO": "*fp32", "PM": "*fp32", "PL": "*fp32"}          # the rest: the cache dtype
+# the pointer arguments not of the cache's dtype
+POINTERS = {"POS": "*i64", "LEAD": "*i32", "PRE": "*i32", "PO": "*fp32", "PM": "*fp32", "PL": "*fp32"}
 
 
 def ints(H: int, Hkv: int, D: int, T: int, chunk: int) -> dict:
@@ -37,10 +38,12 @@ def ints(H: int, Hkv: int, D: int, T: int, chunk: int) -> dict:
                 so_s=H * D, so_h=D, T=T, n_split=-(-T // chunk))
 
 
-def compile_split(name: str, H=12, Hkv=2, D=128, T=1088, dtype="bf16"):
+def compile_split(name: str, H=12, Hkv=2, D=128, T=1088, dtype="bf16", shared=False):
+    """shared: the variant that reads a shared prompt's rows from the leader's slot (pointer loads only)."""
     t = tiling(name)
     const = dict(G=H // Hkv, GP=max(16, triton.next_power_of_2(H // Hkv)), D=D, CHUNK=t["chunk"],
-                 BLOCK=min(t["block"], t["chunk"]), TMA=t["tma"], UPCAST=False, DIRECT=t["chunk"] >= T)
+                 BLOCK=min(t["block"], t["chunk"]), TMA=t["tma"], UPCAST=False, DIRECT=t["chunk"] >= T,
+                 SHARED=shared and not t["tma"])
     values = ints(H, Hkv, D, T, t["chunk"])
     sig, attrs = {}, {}
     for i, arg in enumerate(inspect.signature(_split_kernel.fn).parameters):
@@ -77,12 +80,13 @@ def main(argv=None):
     p.add_argument("tilings", nargs="+", help="c<chunk>b<block>w<warps>[s<stages>][x]")
     p.add_argument("--heads", default="12:2:128", help="H:H_kv:D")
     p.add_argument("--T", type=int, default=1088, help="cache positions (sets the strides' divisibility)")
+    p.add_argument("--shared", action="store_true", help="the shared-reads variant (03's default with shared prompts)")
     args = p.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise SystemExit("kernel_resources: unset TRITON_INTERPRET (this compiles for the GPU, it runs nothing)")
     H, Hkv, D = (int(x) for x in args.heads.split(":"))
     for name in args.tilings:
-        k = compile_split(name, H, Hkv, D, args.T)
+        k = compile_split(name, H, Hkv, D, args.T, shared=args.shared)
         ptx = k.asm["ptx"]
         print(f"{name:>14}  registers {registers(k):3d}  shared {k.metadata.shared / 1024:6.1f} KiB  "
               f"copy engine {'cp.async.bulk.tensor' in ptx}  cp.async {'cp.async.cg' in ptx or 'cp.async.ca' in ptx}")
