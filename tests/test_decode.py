@@ -263,7 +263,8 @@ def test_decoder_reads_shared_prompts_from_leaders_and_back_when_a_leader_is_ref
     off; the run must have refilled a leader while one of its followers still decoded (the case where a follower
     must go back to its own copy), and held followers at all. A run with 21 slots (no refill) that poisons every
     follower's own prompt rows with NaN after the prefill must return what 21 slots return with the reads off (not
-    the 4-slot run's numbers: the GEMMs round differently at another slot count)."""
+    the 4-slot run's numbers: the GEMMs round differently at another slot count). A run of distinct prompts keeps
+    the plain kernel (`shared_now` off)."""
     tok, model = tiny
     prompts = [p for p in odd_prompts() for _ in range(3)]
     seeds = list(range(len(prompts)))
@@ -285,6 +286,10 @@ def test_decoder_reads_shared_prompts_from_leaders_and_back_when_a_leader_is_ref
                         for c in self.k + self.v:
                             c[s, :, :int(self.pre_S[s])] = float("nan")
 
+    dec = Decoder(model, slots=4, max_len=12 + MAX_NEW, max_new_tokens=MAX_NEW, stop_ids=stop, mode="fast",
+                  **V2_TRITON)
+    dec.run(odd_prompts(), seeds[:7], temperature=1.0, top_p=1.0)
+    assert dec.shared_reads and not dec.shared_now            # distinct prompts: the plain kernel
     monkeypatch.setattr(Decoder, "_prefill", watched)
     on = run(model, prompts, seeds, stop, slots=4, T=1.0, **V2_TRITON)
     assert events["followers"] > 0 and events["leader_refilled_under_a_follower"] > 0

@@ -161,9 +161,11 @@ class Decoder:
         # shared_reads (with share_prefill and the triton attention, on by default there): the requests of one prompt
         # in one refill read the prompt's K/V rows from the first of their slots, the leader (each slot still holds
         # its own copy, which a follower goes back to when its leader is refilled first); their programs run side by
-        # side, so the rows come from memory once and from L2 for the rest. The same values: the same tokens.
+        # side, so the rows come from memory once and from L2 for the rest. The same values: the same tokens. Only a
+        # run whose prompts repeat reads leaders (`shared_now`); a run of distinct prompts runs the plain kernel.
         self.shared_reads = bool(self.split_attn is not None and share_prefill and not self.split_attn.tma
                                  and (True if shared_reads is None else shared_reads))
+        self.shared_now = False                         # this run's step reads leaders: some prompt asked twice
         i32 = dict(device=self.device, dtype=torch.int32)
         self.lead_S, self.pre_S = torch.arange(slots, **i32), torch.zeros(slots, **i32)   # leader slot, rows read there
         self.lead = list(range(slots))                                                     # lead_S on the host
@@ -343,7 +345,7 @@ class Decoder:
             q, k, v = attn_in(h, w["qkv"], w["q_norm"], w["k_norm"], w["qk_eps"], cos, sin)   # (S, H|H_kv, D)
             if self.split_attn is not None:                                 # writes k, v into the cache too
                 o = self.split_attn(q, k, v, self.k[l], self.v[l], self.pos_S, scale,
-                                    *((self.lead_S, self.pre_S) if self.shared_reads else ()))
+                                    *((self.lead_S, self.pre_S) if self.shared_now else ()))
             else:
                 self.k[l].scatter_(2, at, k[:, :, None])
                 self.v[l].scatter_(2, at, v[:, :, None])
@@ -388,7 +390,7 @@ class Decoder:
     def _replay(self, kv_len: int):
         if not self.graphs_on:
             return self._step(kv_len)
-        key = (kv_len, self.greedy, self.use_top_p, self.mode)
+        key = (kv_len, self.greedy, self.use_top_p, self.mode, self.shared_now)
         if key not in self.graphs:      # capture; the warm-up step runs on live state, so it is undone after
             state = [self.tok_S, self.pos_S, self.step_S, self.done_S, self.out_tok_SN, self.out_lp_SN]
             if self.cand_k is not None:
@@ -481,6 +483,7 @@ class Decoder:
         self.done_S.fill_(True)
         self.lead = list(range(self.S))                        # every slot its own leader until a prefill says else
         self.lead_S.copy_(torch.arange(self.S, dtype=torch.int32))
+        self.shared_now = self.shared_reads and len(set(map(tuple, prompts))) < len(prompts)   # else the plain kernel
         # pop() takes the longest first, a prompt's requests one after another (so one refill holds them together and
         # prefills their prompt once), in input order otherwise
         first: dict[tuple, int] = {}
