@@ -273,12 +273,12 @@ def test_decoder_reads_shared_prompts_from_leaders_and_back_when_a_leader_is_ref
     prefill = Decoder._prefill
 
     def watched(self, slots, prompts_, seeds_, poison=False):
-        if self.shared_reads:
+        if self.shared_now:
             live = [s for s in range(self.S) if not self.done_S[s]]
             events["leader_refilled_under_a_follower"] += any(self.lead[s] in slots and self.lead[s] != s
                                                               for s in live)
         prefill(self, slots, prompts_, seeds_)
-        if self.shared_reads:
+        if self.shared_now:
             events["followers"] += sum(self.lead[s] != s for s in slots)
             if poison:
                 for s in slots:

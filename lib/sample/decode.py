@@ -421,7 +421,7 @@ class Decoder:
         rows: dict[tuple, int] = {}                                        # distinct prompt → its row
         row_of = [rows.setdefault(tuple(p), len(rows)) if self.share_prefill else i for i, p in enumerate(prompts)]
         uniq = [list(p) for p in rows] if self.share_prefill else prompts
-        if self.shared_reads:             # before any row is overwritten: a follower whose leader is refilled reads
+        if self.shared_now:               # before any row is overwritten: a follower whose leader is refilled reads
             refilled = set(slots)         # its own copy again; each new request reads its prompt's first slot
             self.lead = [s if lead in refilled else lead for s, lead in enumerate(self.lead)]
             first: dict[int, int] = {}
