@@ -264,8 +264,11 @@ def test_decoder_reads_shared_prompts_from_leaders_and_back_when_a_leader_is_ref
     must go back to its own copy), and held followers at all. A run with 21 slots (no refill) that poisons every
     follower's own prompt rows with NaN after the prefill must return what 21 slots return with the reads off (not
     the 4-slot run's numbers: the GEMMs round differently at another slot count). A run of distinct prompts keeps
-    the plain kernel (`shared_now` off)."""
-    tok, model = tiny
+    the plain kernel (`shared_now` off). On a CUDA host the decoder runs a CUDA copy of the model (CUDA graphs, the
+    compiled kernel; a CPU model there would hand the kernel CPU pointers), against the CPU model's reference: the
+    kernel's dots run in IEEE float32, so both devices' tokens are the reference's."""
+    tok, reference = tiny
+    model = copy.deepcopy(reference).cuda() if torch.cuda.is_available() else reference
     prompts = [p for p in odd_prompts() for _ in range(3)]
     seeds = list(range(len(prompts)))
     stop = [tok.eos_token_id] + list(range(40, 60))
@@ -293,7 +296,7 @@ def test_decoder_reads_shared_prompts_from_leaders_and_back_when_a_leader_is_ref
     monkeypatch.setattr(Decoder, "_prefill", watched)
     on = run(model, prompts, seeds, stop, slots=4, T=1.0, **V2_TRITON)
     assert events["followers"] > 0 and events["leader_refilled_under_a_follower"] > 0
-    assert_teacher_forced(model, prompts, seeds, on, 1.0, 1.0, "fast")
+    assert_teacher_forced(reference, prompts, seeds, on, 1.0, 1.0, "fast")
     assert run(model, prompts, seeds, stop, slots=4, T=1.0, **V2_TRITON, shared_reads=False) == on
     alone = run(model, prompts, seeds, stop, slots=len(prompts), T=1.0, **V2_TRITON, shared_reads=False)
     monkeypatch.setattr(Decoder, "_prefill", lambda self, *a: watched(self, *a, poison=True))
