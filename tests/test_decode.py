@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+import re
 
 import pytest
 import torch
@@ -37,6 +38,10 @@ GPU_STYLE = dict(sync_every=4, kv_bucket=8, attn_impl="matmul")     # what CUDA 
 V2 = dict(fuse_gemms=True, sync_every=4)                            # v2 eagerly: fused GEMMs, v1's attention
 V2_TRITON = dict(fuse_gemms=True, attn_impl="triton", attn_opts={"chunk": 16}, sync_every=4)   # + split-K kernel
 SKINNY = dict(gemm_opts={"qkv": "n32k32s2w4", "o": "n16k64s1w4", "gate_up": "n64k32s4w4", "down": "n16k64s3w4"})
+# A Triton kernel given a CPU model runs only under the interpreter, which a CUDA host does not set (conftest.py): there
+# the tests that run one on the CPU model skip, and bench/device.sh's `checks` runs the kernels on CUDA instead.
+INTERPRETED = pytest.mark.skipif(torch.cuda.is_available(), reason="a CPU model through Triton's interpreter, unset on "
+                                 "a CUDA host (bench/device.sh checks runs these kernels there)")
 
 
 @pytest.fixture(scope="module")
@@ -69,9 +74,10 @@ def run(model, prompts, seeds, stop, *, slots=3, T=0.0, top_p=1.0, mode="fast", 
     return dec.run(prompts, seeds, temperature=T, top_p=top_p)
 
 
-@pytest.mark.parametrize("config", [{}, GPU_STYLE, V2, V2 | GPU_STYLE | dict(kv_bucket=4), V2_TRITON,
-                                    V2_TRITON | SKINNY], ids=["cpu", "gpu-style", "v2", "v2-matmul", "v2-triton",
-                                                              "v2-triton-skinny-gemms"])
+@pytest.mark.parametrize("config", [{}, GPU_STYLE, V2, V2 | GPU_STYLE | dict(kv_bucket=4),
+                                    pytest.param(V2_TRITON, marks=INTERPRETED),
+                                    pytest.param(V2_TRITON | SKINNY, marks=INTERPRETED)],
+                         ids=["cpu", "gpu-style", "v2", "v2-matmul", "v2-triton", "v2-triton-skinny-gemms"])
 def test_greedy_equals_generate_with_refills_stops_and_caps(tiny, config):
     tok, model = tiny
     prompts = odd_prompts()
@@ -401,6 +407,7 @@ def test_compiled_prefill_blocks_serve_every_pass_length_with_one_graph():
             assert all(t.is_contiguous() for o in outs for t in o[1:4])        # q, k, v as the varlen kernel reads
 
 
+@INTERPRETED
 def test_attention_tiling_is_chosen_by_shape_and_slots(tiny, monkeypatch):
     """decode_triton.ATTN_TILINGS: the last entry for the model's (H, H_kv, D) whose slot minimum ≤ the slots, the
     class defaults for fewer slots or other heads, and attn_opts over both. The 7B heads' table as measured."""
@@ -415,6 +422,7 @@ def test_attention_tiling_is_chosen_by_shape_and_slots(tiny, monkeypatch):
     assert chunk(6) == 16                                                # attn_opts given: the table unread
 
 
+@INTERPRETED
 def test_skinny_gemm_options_run_every_projection_through_the_kernel(tiny, monkeypatch):
     """gemm_opts reach the blocks: each decode step calls the Triton partials once per projection and layer, with
     that projection's tiling (the greedy test above checks the tokens)."""
@@ -452,6 +460,18 @@ def test_fused_copies_follow_update_weights(tiny):
     assert [c.logprobs for c in after] == [c.logprobs for c in fresh]
 
 
+@pytest.mark.parametrize("kw,what", [(V2_TRITON, "attn_impl 'triton'"), (V2 | SKINNY, "gemm_opts"),
+                                     (dict(candidates=2, scores_impl="triton"), "scores_impl 'triton'")],
+                         ids=["attention", "gemms", "scores"])
+def test_a_triton_kernel_on_a_cpu_model_is_refused_without_the_interpreter(tiny, monkeypatch, kw, what):
+    """Each Triton option, asked for with the model on the CPU and TRITON_INTERPRET unset, is refused at construction
+    in one line that names it (not by the driver's pointer error at the first launch)."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match=f"{re.escape(what)} runs Triton kernels.*on cpu.*TRITON_INTERPRET=1"):
+        Decoder(tiny[1], slots=2, max_len=16, max_new_tokens=3, stop_ids=[0], mode="fast", **kw)
+
+
+@INTERPRETED
 def test_cuda_configuration_constructs_on_cpu(tiny):
     """What CUDA runs by default (v2: fused GEMMs, compiled blocks, Triton attention) builds here; a head_dim the
     kernel cannot take falls back to the GEMM attention by default."""

@@ -28,7 +28,7 @@ if not torch.cuda.is_available():
 
 from lib.sample.decode import Decoder, slot_bytes, workspace_bytes  # noqa: E402
 from lib.sample.engine import HFEngine, sample  # noqa: E402
-from test_decode import GPU_STYLE, V2, V2_TRITON, assert_teacher_forced  # noqa: E402
+from test_decode import GPU_STYLE, INTERPRETED, V2, V2_TRITON, assert_teacher_forced  # noqa: E402
 from test_decode import tiny  # noqa: E402,F401  (the decoder tests' tiny random Qwen2, a fixture)
 from test_sampling import forward_logprobs  # noqa: E402
 
@@ -102,7 +102,7 @@ def test_shared_prefill_draws_what_per_request_prefill_draws(tiny, config, slots
             assert sum(len(v) > 1 for v in by_prompt.values()) >= 3
 
 
-@pytest.mark.parametrize("config", [{}, V2, V2_TRITON], ids=["cpu", "v2", "v2-triton"])
+@pytest.mark.parametrize("config", [{}, V2, pytest.param(V2_TRITON, marks=INTERPRETED)], ids=["cpu", "v2", "v2-triton"])
 def test_shared_prefill_greedy_equals_generate(tiny, config):
     """Greedy, every request of a prompt = transformers' `generate` on that prompt alone (unpadded), log-probs
     within 1e-4 of a teacher-forced forward pass; the prompt's K/V copied, not recomputed, into 3 slots."""
@@ -175,6 +175,7 @@ def test_packed_prefill_writes_each_prompts_kv_where_the_padded_one_does(tiny):
 
 # --- the KV budget ---
 
+@INTERPRETED
 def test_slot_bytes_covers_what_a_decoder_allocates_per_slot(tiny):
     _, model = tiny
     per = []

@@ -46,6 +46,7 @@ qwen2, llama, qwen3 (per-head q/k norms), full attention.
 """
 from __future__ import annotations
 
+import os
 from types import SimpleNamespace
 
 import torch
@@ -94,6 +95,15 @@ def workspace_bytes(model, prefill_tokens: int) -> int:
     return prefill_tokens * per_token * p.element_size()
 
 
+def triton_reaches(device: torch.device, what: str) -> None:
+    """A Triton kernel is handed raw CUDA pointers: a model on the CPU runs one only under Triton's interpreter
+    (TRITON_INTERPRET=1, set before the kernels are imported, as the tests do). Anything else is refused here, in
+    one line, rather than by the driver's pointer error at the first launch."""
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(f"Decoder: {what} runs Triton kernels, which need the model on CUDA (it is on {device}) "
+                         "or TRITON_INTERPRET=1 set before the kernels are imported; leave the option at its default")
+
+
 class Decoder:
     """Continuous-batching sampler over `slots` rows for prompts of ≤ max_len − max_new_tokens tokens."""
 
@@ -127,6 +137,8 @@ class Decoder:
         # draw_blocked: lib/sample/draw.py's two-level search
         self.draw_blocked, self.fuse_gemms, self.compile_step = (
             cuda if x is None else x for x in (draw_blocked, fuse_gemms, compile_step))
+        if self.attn_impl == "triton":
+            triton_reaches(self.device, "attn_impl 'triton'")
         self.v2 = bool(self.fuse_gemms or self.compile_step or self.attn_impl == "triton")
         c = bool(self.v2 and self.compile_step) if compile_draw is None else compile_draw   # True or a backend
         self.draw_c = torch.compile(draw_tokens, dynamic=False, fullgraph=True, **(
@@ -142,6 +154,8 @@ class Decoder:
             from lib.sample.skinny_gemm import defaults, tiling                      # {projection: Triton tiling}
             self.gemms = (defaults(slots, cuda, self.layers[0].mlp.down_proj.in_features) if gemm_opts is None
                           else {k: tiling(v) for k, v in gemm_opts.items()})
+            if self.gemms:
+                triton_reaches(self.device, "gemm_opts")
             self.blocks = make_blocks(self.H, self.Hkv, self.D, self.eps, act, self.compile_step or False, self.gemms)
             self.weights = FusedWeights(model, self.fuse_gemms)
         # fast_prefill: the packed prefill through v2's blocks and fused weights (compiled with the step), not the
@@ -194,6 +208,7 @@ class Decoder:
             self.out_clp_SNk = torch.zeros(slots, max_new_tokens, candidates, **f32)
             scores_impl = scores_impl or ("triton" if cuda else "torch")
             if scores_impl == "triton":       # lib/sample/scores_triton.py: the logits read twice
+                triton_reaches(self.device, "scores_impl 'triton'")
                 from lib.sample.scores_triton import student_scores_fused
                 self.scores_c = student_scores_fused
             elif scores_impl == "torch":      # the torch ops, compiled with the draw
