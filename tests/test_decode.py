@@ -209,19 +209,19 @@ def test_split_attention_neither_writes_nor_reads_the_partials_of_chunks_past_po
     """Chunks that start after a slot's position are skipped by the split (their partials stay as they were) and
     left out by the combine: partial buffers poisoned with NaN give the clean call's output bit for bit."""
     from lib.sample.decode_triton import SplitAttention
-    S, H, Hkv, D, T = 3, 6, 2, 32, 90
+    S, H, Hkv, D, T, dev = 3, 6, 2, 32, 90, "cuda" if torch.cuda.is_available() else "cpu"
     g = torch.Generator().manual_seed(2)
-    kc, vc = (torch.randn(S, Hkv, T, D, generator=g) for _ in range(2))
-    q, k, v = (torch.randn(S, h, D, generator=g) for h in (H, Hkv, Hkv))
-    pos = torch.tensor([0, 17, 89])                                      # 1, 2 and 6 of the 6 chunks of 16 live
+    kc, vc = (torch.randn(S, Hkv, T, D, generator=g).to(dev) for _ in range(2))
+    q, k, v = (torch.randn(S, h, D, generator=g).to(dev) for h in (H, Hkv, Hkv))
+    pos = torch.tensor([0, 17, 89], device=dev)                          # 1, 2 and 6 of the 6 chunks of 16 live
     outs = []
     for poison in (0.0, float("nan")):
-        att = SplitAttention(S, H, Hkv, D, T, torch.float32, "cpu", chunk=16)
+        att = SplitAttention(S, H, Hkv, D, T, torch.float32, dev, chunk=16)
         for t in (att.po, att.pm, att.pl):
             t.fill_(poison)
         outs.append(att(q, k, v, kc.clone(), vc.clone(), pos, 0.3).clone())
         if math.isnan(poison):                                            # pm is (S, H_kv, n_split, G)
-            live = torch.arange(att.n_split)[None, :] <= (pos // 16)[:, None]          # (S, n_split)
+            live = torch.arange(att.n_split, device=dev)[None, :] <= (pos // 16)[:, None]   # (S, n_split)
             assert torch.equal(att.pm.isnan().all(-1).all(1), ~live)
     assert torch.isfinite(outs[1]).all() and torch.equal(outs[0], outs[1])
 
