@@ -20,6 +20,7 @@ from lib.sample.draw import draw_tokens, gumbel_noise, mix32, nucleus, split_see
 from lib.sample.engine import HFEngine, load_engine, sample
 
 MAX_NEW = 12
+DEV = "cuda" if torch.cuda.is_available() else "cpu"      # the Triton kernels' tests: on the GPU where there is one
 
 
 # --- the tiny world ---
@@ -399,9 +400,10 @@ def test_fused_student_scores_equal_the_torch_ops(B, V, k, T, block):
     x = torch.randn(B, V, generator=g) * 3
     x[0, -1] = 30.0
     tok = torch.randint(0, V, (B,), generator=g)
-    want = student_scores(x, tok, torch.tensor(T), k)
+    x, tok, T = x.to(DEV), tok.to(DEV), torch.tensor(T, device=DEV)
+    want = student_scores(x, tok, T, k)
     for threshold in (True, False):
-        got = student_scores_fused(x, tok, torch.tensor(T), k, block, threshold=threshold)
+        got = student_scores_fused(x, tok, T, k, block, threshold=threshold)
         assert got[1].shape == (B, k) and torch.equal(got[1], want[1])
         for a, b in zip(got[::2] + got[3:], want[::2] + want[3:]):
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
@@ -424,10 +426,11 @@ def test_fused_student_scores_keep_the_top_k_where_a_block_holds_many_candidates
     x = torch.cat([x, torch.randn(1, V, generator=g)])
     x[3, torch.arange(k) * 61 + 7] = 10 + torch.arange(k, dtype=torch.float32)   # the top k: one per block, so the
     tok = torch.tensor([3, 999, 17, 0])                                           # k-th largest is τ itself
-    want = student_scores(x, tok, torch.tensor(1.0), k)
-    got = student_scores_fused(x, tok, torch.tensor(1.0), k, block)
+    x, tok, one = x.to(DEV), tok.to(DEV), torch.tensor(1.0, device=DEV)
+    want = student_scores(x, tok, one, k)
+    got = student_scores_fused(x, tok, one, k, block)
     assert torch.equal(got[1][0], want[1][0]) and torch.equal(got[1][3], want[1][3])
-    assert torch.equal(got[1][1], torch.arange(k))                  # equal logits: the lowest ids, in order
+    assert torch.equal(got[1][1], torch.arange(k, device=DEV))      # equal logits: the lowest ids, in order
     for a, b in zip(got[::2] + got[3:], want[::2] + want[3:]):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
     z2 = x[2] - torch.logsumexp(x[2], -1)

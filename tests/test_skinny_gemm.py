@@ -13,6 +13,8 @@ if not torch.cuda.is_available():
 
 from lib.sample.skinny_gemm import defaults, linear, skinny_partials, tiling  # noqa: E402
 
+DEV = "cuda" if torch.cuda.is_available() else "cpu"      # the kernel on the GPU where there is one
+
 
 @pytest.mark.parametrize("M,N,K,t", [(5, 48, 40, "n16k16s2w4"), (3, 20, 33, "n16k32s3w4"),
                                      (16, 32, 64, "n16k16s4w4"), (32, 64, 64, "n32k16s1w4m16")],
@@ -22,7 +24,7 @@ from lib.sample.skinny_gemm import defaults, linear, skinny_partials, tiling  # 
 def test_partials_sum_to_the_linear(M, N, K, t, dtype, tol, bias):
     g = torch.Generator().manual_seed(M * N + K)
     x, w, b = torch.randn(M, K, generator=g), torch.randn(N, K, generator=g), torch.randn(N, generator=g)
-    x, w, b = x.to(dtype), w.to(dtype), b.to(dtype) if bias else None
+    x, w, b = x.to(DEV, dtype), w.to(DEV, dtype), b.to(DEV, dtype) if bias else None
     ref = torch.nn.functional.linear(x.double(), w.double(), None if b is None else b.double())
     kw = tiling(t)
     y = linear(x, w, b, **kw)

@@ -20,6 +20,7 @@ _spec = importlib.util.spec_from_file_location("swiglu_gemm_bench", REPO / "benc
 _mod = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_mod)
 swiglu, swiglu_gemm, tiling = _mod.swiglu, _mod.swiglu_gemm, _mod.tiling
+DEV = "cuda" if torch.cuda.is_available() else "cpu"      # the kernel on the GPU where there is one
 
 
 def reference(x, wg, wu):
@@ -33,7 +34,7 @@ def reference(x, wg, wu):
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)], ids=["fp32", "bf16"])
 def test_matches_the_unfused_product(M, N, K, t, dtype, tol):
     g = torch.Generator().manual_seed(M * 1000 + N * 10 + K)
-    x, wg, wu = (torch.randn(*s, generator=g).to(dtype) for s in ((M, K), (N, K), (N, K)))
+    x, wg, wu = (torch.randn(*s, generator=g).to(DEV, dtype) for s in ((M, K), (N, K), (N, K)))
     ref = reference(x, wg, wu)
     a = swiglu(x, wg, wu, t)
     assert a.dtype == dtype and a.shape == (M, N)
@@ -48,9 +49,9 @@ def test_every_output_tile_is_written_once_with_its_own_rows_and_columns():
     """Rows and columns past the edges read row / column 0 and must never be stored: each output row equals its own
     row's product, including the last ragged tile's, and a permuted input permutes the output's rows."""
     g = torch.Generator().manual_seed(7)
-    x, wg, wu = torch.randn(45, 24, generator=g), torch.randn(33, 24, generator=g), torch.randn(33, 24, generator=g)
+    x, wg, wu = (torch.randn(*s, generator=g).to(DEV) for s in ((45, 24), (33, 24), (33, 24)))
     a = swiglu(x, wg, wu, "m16n16k16w4g2")
-    perm = torch.randperm(45, generator=g)
+    perm = torch.randperm(45, generator=g).to(DEV)
     assert torch.allclose(swiglu(x[perm], wg, wu, "m16n16k16w4g2"), a[perm], atol=1e-5)
     assert torch.allclose(a[-1], reference(x[-1:], wg, wu)[0].float(), atol=1e-4)
     assert torch.allclose(a[:, -1], reference(x, wg[-1:], wu[-1:])[:, 0].float(), atol=1e-4)
@@ -58,7 +59,7 @@ def test_every_output_tile_is_written_once_with_its_own_rows_and_columns():
 
 def test_leading_dimensions_and_empty_rows():
     g = torch.Generator().manual_seed(3)
-    x, wg, wu = torch.randn(2, 3, 16, generator=g), torch.randn(24, 16, generator=g), torch.randn(24, 16, generator=g)
+    x, wg, wu = (torch.randn(*s, generator=g).to(DEV) for s in ((2, 3, 16), (24, 16), (24, 16)))
     a = swiglu(x, wg, wu, "m16n16k16w4")
     assert a.shape == (2, 3, 24)
     assert torch.allclose(a, reference(x, wg, wu).float(), atol=1e-5)
