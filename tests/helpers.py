@@ -4,7 +4,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
 REPO = Path(__file__).resolve().parent.parent
+
+# A Triton kernel given a CPU model runs only under the interpreter, which conftest.py sets on a machine without CUDA
+# only: on a CUDA host the tests that push a CPU model through a kernel skip, and the kernel tests (tensors on the GPU
+# there) and bench/device.sh's `checks` run those kernels instead.
+INTERPRETED = pytest.mark.skipif(torch.cuda.is_available(), reason="a CPU model through Triton's interpreter, unset "
+                                 "on a CUDA host (the kernel tests run these kernels on its GPU)")
 
 
 def run_script(script: str, *args, check: bool = True, launcher=(), env: dict | None = None, timeout: int = 900):

@@ -28,6 +28,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from helpers import INTERPRETED  # noqa: E402
 from lib.sample.decode import Decoder  # noqa: E402
 from lib.sample.draw import M32, draw_tokens, gumbel_noise, split_seeds, uniform52  # noqa: E402
 from lib.sample.engine import HFEngine, sample  # noqa: E402
@@ -38,10 +39,6 @@ GPU_STYLE = dict(sync_every=4, kv_bucket=8, attn_impl="matmul")     # what CUDA 
 V2 = dict(fuse_gemms=True, sync_every=4)                            # v2 eagerly: fused GEMMs, v1's attention
 V2_TRITON = dict(fuse_gemms=True, attn_impl="triton", attn_opts={"chunk": 16}, sync_every=4)   # + split-K kernel
 SKINNY = dict(gemm_opts={"qkv": "n32k32s2w4", "o": "n16k64s1w4", "gate_up": "n64k32s4w4", "down": "n16k64s3w4"})
-# A Triton kernel given a CPU model runs only under the interpreter, which a CUDA host does not set (conftest.py): there
-# the tests that run one on the CPU model skip, and bench/device.sh's `checks` runs the kernels on CUDA instead.
-INTERPRETED = pytest.mark.skipif(torch.cuda.is_available(), reason="a CPU model through Triton's interpreter, unset on "
-                                 "a CUDA host (bench/device.sh checks runs these kernels there)")
 
 
 @pytest.fixture(scope="module")

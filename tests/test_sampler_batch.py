@@ -28,7 +28,8 @@ if not torch.cuda.is_available():
 
 from lib.sample.decode import Decoder, slot_bytes, workspace_bytes  # noqa: E402
 from lib.sample.engine import HFEngine, sample  # noqa: E402
-from test_decode import GPU_STYLE, INTERPRETED, V2, V2_TRITON, assert_teacher_forced  # noqa: E402
+from helpers import INTERPRETED  # noqa: E402
+from test_decode import GPU_STYLE, V2, V2_TRITON, assert_teacher_forced  # noqa: E402
 from test_decode import tiny  # noqa: E402,F401  (the decoder tests' tiny random Qwen2, a fixture)
 from test_sampling import forward_logprobs  # noqa: E402
 

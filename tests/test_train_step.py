@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from helpers import REPO
+from helpers import INTERPRETED, REPO
 from lib import benchmarks
 from lib.data import prompt_ids
 from lib.sample.engine import HFEngine, sample
@@ -526,7 +526,7 @@ def test_a_sampler_scored_micro_batch_has_the_plain_hf_gradient(world, reward):
     assert_grads_close({n: p.grad for n, p in student.lm.named_parameters()}, lm)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="a CPU model through Triton's interpreter, unset on a CUDA host")
+@INTERPRETED
 def test_the_decoder_records_the_same_scores_through_the_triton_passes(world):
     """Decoder(scores_impl="triton") (Triton's interpreter on CPU): the same draws, and the same recorded scores as the
     torch ops' to float rounding."""
