@@ -131,6 +131,7 @@ def test_identical_models_gain_zero_p_one():
 def test_all_negative_differences():
     res = paired_bootstrap({f"p{i}": [1, 1] for i in range(10)}, {f"p{i}": [i % 2, 0] for i in range(10)})
     assert res["p"] == 0.0 and res["ci95_pp"][1] < 0 and stats.verdict(res) == "loss"
+    assert res["ci_excludes_0"]               # a loss's CI excludes 0 as a gain's does (05's JSON carries the flag)
     assert stats.format_gain(res).endswith("p<0.0001")
 
 
