@@ -346,6 +346,22 @@ def test_collapse_watch_agrees_with_the_trainers_live_watch():
         assert (span[1] - span[0] + 1 if span else 0) == w["longest_clip90_run"]
 
 
+def test_collapse_thresholds_are_strict_in_both_watches():
+    """DESIGN.md §7.5's detectors fire strictly above their thresholds: a clip ratio of exactly 0.5 is no onset and a
+    mean length of exactly twice step 1's is no runaway, in the live watch and in the report's recomputation."""
+    from lib.train.opd import CollapseWatch
+    clip, length = [0.0, 0.5, 0.51], [50.0, 100.0, 101.0]
+    live = CollapseWatch()
+    for s, (c, x) in enumerate(zip(clip[:2], length[:2]), 1):
+        live.update(s, c, x)
+    assert live.summary() == {"collapse_onset_step": None, "length_runaway_step": None, "longest_clip90_run": 0}
+    live.update(3, clip[2], length[2])
+    assert (live.collapse_onset_step, live.length_runaway_step) == (3, 3)
+    w = collapse_watch([{"step": s, "response_length/clip_ratio": c, "response_length/mean": x}
+                        for s, (c, x) in enumerate(zip(clip, length), 1)])
+    assert (w["collapse_onset_step"], w["length_runaway_step"]) == (3, 3)
+
+
 def test_time_ledger_adds_reruns(tmp_path):
     """Every stage run counts once: the manifests on disk, the earlier runs a manifest lists under previous_runs,
     and the rows of an older ledger whose manifest a rerun has overwritten (not those still on disk)."""
