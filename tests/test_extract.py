@@ -16,6 +16,9 @@ from lib.eval.extract import candidates, clean, extract_answer, first_answer, is
         "math_verify_line", "9. This follows from the parity argument.")]),
     ("so \\boxed{[2,5)}.\n\nFinal Answer: The final answer is $[2,5)$. I hope it is correct.",
      [("boxed", "[2,5)"), ("math_verify_line", "The final answer is $[2,5)$. I hope it is correct.")]),
+    ("Answer: 9 (the smallest such n)", [("answer_line_lead", "9"), ("math_verify_line", "9 (the smallest such n)")]),
+    ("Answer: The answer is \\boxed{9}", [("answer_line", "9"), ("boxed", "9"),      # a prose line with a box: the
+                                          ("math_verify_line", "The answer is \\boxed{9}")]),   # box is its answer
     ("Answer: 5", [("answer_line", "5")]),                                          # not prose: as before
     ("Answer: 4\nso \\boxed{9}", [("answer_line", "4"), ("boxed", "9")]),           # the line first, the box after
     ("Answer: \\text{no solution}", [("answer_line", "\\text{no solution}")]),     # words inside \text{} are math
@@ -39,6 +42,9 @@ def test_prose_detection():
     ("thinking...\nAnswer: 3\n</think>\n\\boxed{4}", "4", "boxed"),                   # template opened the <think>
     ("```python\nprint('x')\nAnswer: 3\n```\nSo the answer is \\boxed{4}.", "4", "boxed"),   # a draft in code
     ("<think>\nAnswer: 3\nstill thinking", "3", "answer_line"),                       # truncated: nothing visible
+    ("Answer: 1\n</think>\nAnswer: 2\n</think>\n\\boxed{5}", "5", "boxed"),           # visible: after the LAST </think>
+    ("Answer: 3\n<think>\nAnswer: 4", "3", "answer_line"),                            # a trailing unclosed <think>
+    ("Answer:\n5\nAnswer:", "5", "answer_line"),                                      # the paragraph ends at an Answer:
     ("We get \x0cAnswer: 3\nso \\boxed{4}", "4", "boxed"),                            # a form feed is not a line break
     ("Answer: \\frac{1}{2}\x0c", "\\frac{1}{2}", "answer_line"),
     ("\\boxed{-2}, \\boxed{1}", "-2, 1", "boxed"),                                    # several boxes: one list
@@ -71,6 +77,8 @@ def test_first_answer_is_the_earliest_where_the_grader_reads_the_last(completion
 def test_last_boxed_nested_and_escaped():
     assert last_boxed("\\boxed{\\frac{1}{\\sqrt{2}}}") == "\\frac{1}{\\sqrt{2}}"
     assert last_boxed("\\boxed{\\{1,2\\}}") == "\\{1,2\\}"
+    assert last_boxed("\\boxed{\\left\\{ x \\right.}") == "\\left\\{ x \\right."    # an escaped brace left open
+    assert last_boxed("\\boxed{2 + \\boxed{3}}") == "3"                               # a box inside a box: the inner
     assert last_boxed("\\boxed{3} and a cut-off \\boxed{\\frac{1}{") == "3"
     assert last_boxed("\\boxed{}") is None and last_boxed("so $\\boxed 5$") == "5"
 
