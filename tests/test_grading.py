@@ -121,6 +121,7 @@ HAND_CASES = [  # (gold, completion, correct?) — the truth decided by hand, no
     # Unicode digits are the digits they mean (issue 34)
     ("5", "Answer: ５", True), ("5", "Answer: ٥", True), ("12", "Answer: ١٢", True), ("125", "\\boxed{۱۲۵}", True),
     ("5", "Answer: ６", False), ("25", "Answer: ２５０", False),
+    ("５", "Answer: 5", True),                                                   # ... in the gold answer too
 ]
 
 
@@ -152,6 +153,9 @@ def test_no_answer_and_unparseable():
     assert d == {"correct": False, "extracted": "@@@", "extractor": "answer_line", "verify_method": "failed",
                  "reason": "parse failed", "decided_by": "answer_line"}
     assert grade("Answer: 5", "").reason == "gold parse failed"
+    # no path decides (neither parses): the verdict reports the first answer tried, the Answer: line's
+    d = grade("Answer: @@@\nso \\boxed{##}", "5")
+    assert (d.extracted, d.decided_by, d.reason) == ("@@@", "answer_line", "parse failed")
 
 
 def test_extraction_runs_in_the_worker(monkeypatch):
