@@ -234,6 +234,14 @@ def test_bootstrap_is_the_statistic_on_resampled_multisets():
     ci = auroc.bootstrap_auroc_ci(s, y, st, n_resamples=10_000)
     point = auroc.stratified_auroc(s, y, st)[0]
     assert ci["ci"][0] <= point <= ci["ci"][1] and ci["seed"] == 42
+    # the CI is the 2.5 / 97.5 % quantiles of the defined resamples; one positive in six leaves many undefined
+    full = auroc.bootstrap_aurocs(s, y, st, n_resamples=10_000, seed=42)
+    assert ci["ci"] == pytest.approx(np.quantile(full[~np.isnan(full)], [0.025, 0.975]).tolist())
+    s6, y6 = np.array([0.3, 0.1, 0.5, 0.2, 0.9, 0.4]), np.array([True, False, False, False, False, False])
+    boot6 = auroc.bootstrap_aurocs(s6, y6, n_resamples=2_000, seed=42)
+    ci6, ok = auroc.bootstrap_auroc_ci(s6, y6, n_resamples=2_000), boot6[~np.isnan(boot6)]
+    assert ci6["n_dropped"] == int(np.isnan(boot6).sum()) > 0
+    assert ci6["ci"] == pytest.approx([np.quantile(ok, 0.025), np.quantile(ok, 0.975)])
 
 
 # --- anatomy: summary and gate ---
