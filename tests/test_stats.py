@@ -501,6 +501,15 @@ def test_hypothesis_clauses_hold_fail_and_say_what_is_missing():
     assert none["verdict"] == "undecided" and "selects 2 conditions" in none["clauses"][0]["detail"]
     assert evaluate(Hypothesis("g", "toy", "c", (Clause("teacher_gate"),)), conds, runs, rows,
                     {"pending": True, "pass": False, "reason": "pending: units"})["verdict"] == "undecided"
+    # the boundaries: an onset AT the clause's last step fails it; a step-1 reward of exactly 0 is not negative; a
+    # "not significant" benchmark is no gain
+    assert h(Clause("no_collapse", topk, 12))["clauses"][0]["result"] == "fails"
+    zero = [dict(r, step1_weighted_reward=0.0) if r["run"] == "opd" else r for r in runs]
+    assert evaluate(Hypothesis("z", "toy", "c", (Clause("reward_negative", opd),)), conds, zero, rows,
+                    gate)["verdict"] == "fails"
+    flat = [dict(rows[0], decision={"gain_pp": 1.5, "ci95_pp": [-0.5, 3.5], "verdict": "not significant"})]
+    assert evaluate(Hypothesis("n", "toy", "c", (Clause("gain", opd),)), conds, runs, flat, gate)["clauses"][0][
+        "detail"] == "0 of 1 benchmark(s) show a gain: toy/sample4 +1.500 [-0.500, +3.500] not significant"
 
 
 def test_held_clause_needs_every_run_below_the_held_bar():
