@@ -393,7 +393,8 @@ def test_time_ledger_adds_reruns(tmp_path):
     assert led["total"]["devices"] == {"NVIDIA H200": 1, "cpu (2 cores)": 1, "not recorded": 2}
 
 
-# --- conditions, snapshots, the naive comparison, hypotheses (lib/report/conditions.py, hypotheses.py) ---
+# --- conditions, snapshots, the naive comparison, rollout tables, hypotheses (lib/report/conditions.py, rollouts.py,
+# hypotheses.py) ---
 
 def test_conditions_group_only_identical_settings():
     from lib.report.conditions import build_conditions, run_settings
@@ -463,6 +464,30 @@ def test_naive_gain_uses_each_sides_own_seeds():
     assert res["ci95_pp"] == pytest.approx(list(np.percentile(means, [2.5, 97.5])), abs=1e-9)
     assert (res["seeds_a"], res["seeds_b"]) == (32, 8)
     assert res["gain_pp"] != pytest.approx(paired_bootstrap(a, b)["gain_pp"])   # the paired one cuts a to 8 seeds
+
+
+def test_rollout_tables_pure_rules():
+    """lib/report/rollouts.py's small rules, by hand: reached counts only on a toy benchmark; a pooled reached count
+    only when every unit has one; a completion is cut only when the cut saves more than the marker costs; the excerpt
+    of a kind is the longest sample, ties broken by (problem id, seed) whatever the input order; empty text repeats
+    no line."""
+    from lib.report.rollouts import HEAD_CHARS, TAIL_CHARS, cut, excerpts, max_line_repeats, pool_truncated, \
+        reached_counts
+    rows = [{"first_answer": "6", "answer": "6", "truncated": True}, {"first_answer": "60+1", "answer": "6",
+                                                                      "truncated": False}]
+    assert reached_counts(rows, "toy") == {"n_reached": 2, "n_truncated_reached": 1}
+    assert reached_counts(rows, "math500") == {"n_reached": None, "n_truncated_reached": None}
+    unit = {"n_samples": 4, "n_truncated": 2, "n_extracted": 1, "n_extracted_correct": 1, "n_reached": 2,
+            "n_truncated_reached": 1}
+    assert pool_truncated([unit, unit])["n_reached"] == 4
+    assert pool_truncated([unit, dict(unit, n_reached=None)])["n_reached"] is None
+    short = "x" * (HEAD_CHARS + TAIL_CHARS + 40)
+    assert cut(short) == (short, 0) and cut(short + "y")[1] == 41
+    sample = lambda pid, seed, n: {"problem_id": pid, "seed": seed, "n_tokens": n, "truncated": False, "correct": 1,
+                                   "extractor": "answer_line", "completion": f"{pid}/{seed}"}
+    picked = excerpts([sample("p2", 0, 9), sample("p1", 1, 9), sample("p1", 0, 9), sample("p0", 0, 3)])
+    assert [(e["problem_id"], e["seed"]) for e in picked] == [("p1", 0)]
+    assert max_line_repeats("") == 0 and max_line_repeats("a\nb\na") == 2
 
 
 def test_hypothesis_clauses_hold_fail_and_say_what_is_missing():
