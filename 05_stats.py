@@ -287,10 +287,9 @@ for cid, b, p in sorted({(g["condition_id"], g["benchmark"], g["protocol"]) for 
     by_condition.append(entry)
 by_condition.sort(key=lambda e: (e["condition"], e["benchmark"], e["protocol"]))
 # one verdict per (condition, benchmark, protocol): the family whose p-values are Holm-adjusted
-for e, p_adj in zip(by_condition, stats.holm([e["decision"]["p"] for e in by_condition])):
+for e, (p_adj, called) in zip(by_condition, stats.holm_verdicts([e["decision"] for e in by_condition])):
     d = e["decision"]
-    d["p_holm"] = p_adj
-    d["verdict"] = stats.verdict(d) if p_adj < stats.ALPHA else stats.NOT_SIGNIFICANT
+    d["p_holm"], d["verdict"] = p_adj, called
     print(f"  {e['condition']} {e['benchmark']}/{e['protocol']} seeds {e['training_seeds']}: {d['on']} "
           f"{stats.format_gain(d)} Holm p={p_adj:.4f} → {d['verdict']}")
 family = {"n_verdicts": len(by_condition), "n_gains_tested": len(student), "adjustment": "holm",
@@ -520,7 +519,7 @@ if (raft_dir / "stats.json").exists():
     g2_entry = next((g for g in g2 if (g["benchmark"], g["protocol"]) == g2_bench), None)
     raft = {"present": True, "stats": rs, "base": base, "g2_gains": g2,
             "gate_g2": {"benchmark": g2_bench[0], "protocol": g2_bench[1],
-                        "pass": bool(g2_entry and g2_entry["ci_excludes_0"] and g2_entry["gain_pp"] > 0)}}
+                        "pass": stats.teacher_gate(g2_entry)["pass"]}}   # the teacher-gain gate's rule
 elif raft_dir.exists():
     print(f"  note: {raft_dir} exists without stats.json (07_raft has not finished); RAFT section left empty")
 

@@ -1013,7 +1013,9 @@ REPORT_MUTANTS = {   # name: (old, new) in 06_report.py
 STATS_MUTANTS = {    # name: (old, new) in 05_stats.py
     "pooled on the first seed only": ('paired = [(by_key_unit(g["unit_a"]).correct(), by_key_unit(g["unit_b"]).correct()) for g in seeds]',
                                       'paired = [(by_key_unit(g["unit_a"]).correct(), by_key_unit(g["unit_b"]).correct()) for g in seeds[:1]] * len(seeds)'),
-    "no multiple-comparison adjustment": ('stats.holm([e["decision"]["p"] for e in by_condition])', '[e["decision"]["p"] for e in by_condition]'),
+    "no multiple-comparison adjustment": ('stats.holm_verdicts([e["decision"] for e in by_condition])',
+                                          '[(d["p"], stats.verdict(d) if d["p"] < stats.ALPHA else stats.NOT_SIGNIFICANT)'
+                                          ' for d in (e["decision"] for e in by_condition)]'),
     "reruns dropped from the ledger": ("current + earlier_runs(previous, current)", "current"),
     "snapshots at the onset only": ('"snapshots": snapshots(met, r["checkpoints"], watch["collapse_onset_step"])',
                                     '"snapshots": snapshots(met, [], watch["collapse_onset_step"])'),

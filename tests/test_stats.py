@@ -327,6 +327,18 @@ def test_holm_known_values_and_step_down_definition():
             assert {i for i in range(m) if adj[i] <= alpha} == rejected
 
 
+def test_a_verdict_needs_its_holm_p_and_its_ci():
+    """05's verdict per condition × benchmark (stats.holm_verdicts), by hand: Holm's p of [0.01, 0.03, 0.04] is
+    [0.03, 0.06, 0.06], so the third result is 'not significant' although its CI excludes 0, and the second is too
+    although its raw p is below 0.05; a CI that holds 0 is never called, whatever its p."""
+    res = [{"p": 0.01, "ci95_pp": [1.0, 3.0]}, {"p": 0.03, "ci95_pp": [0.5, 2.0]}, {"p": 0.04, "ci95_pp": [-3.0, -1.0]}]
+    got = stats.holm_verdicts(res)
+    assert [p for p, _ in got] == pytest.approx([0.03, 0.06, 0.06])
+    assert [v for _, v in got] == ["gain", "not significant", "not significant"]
+    assert stats.holm_verdicts([{"p": 0.001, "ci95_pp": [-3.0, -1.0]}, {"p": 0.001, "ci95_pp": [-1.0, 2.0]}]) == [
+        (0.002, "loss"), (0.002, "not significant")]
+
+
 def test_collapse_watch_agrees_with_the_trainers_live_watch():
     """lib.report.campaign recomputes the watch from metrics.jsonl; lib.train.opd.CollapseWatch runs live in the trainer.
     Same thresholds (declared once, in lib.train.opd), same onset, runaway and longest clip>run_clip length."""

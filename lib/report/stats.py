@@ -245,6 +245,13 @@ def verdict(res: dict) -> str:
     return "gain" if lo > 0 else "loss" if hi < 0 else NOT_SIGNIFICANT
 
 
+def holm_verdicts(results: list[dict]) -> list[tuple[float, str]]:
+    """(Holm-adjusted p, verdict) of each result of one family of tested gains, in the input order: 'gain' / 'loss'
+    only when the adjusted p is below ALPHA and the CI excludes 0, else 'not significant' (the module docstring)."""
+    adjusted = holm([r["p"] for r in results])
+    return [(p, verdict(r) if p < ALPHA else NOT_SIGNIFICANT) for r, p in zip(results, adjusted)]
+
+
 # --- rules built on the bootstrap ---
 
 def teacher_gate(res: dict | None) -> dict:
