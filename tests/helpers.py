@@ -12,6 +12,8 @@ REPO = Path(__file__).resolve().parent.parent
 # A Triton kernel given a CPU model runs only under the interpreter, which conftest.py sets on a machine without CUDA
 # only: on a CUDA host the tests that push a CPU model through a kernel skip, and the kernel tests (tensors on the GPU
 # there) and bench/device.sh's `checks` run those kernels instead.
+# Where the Triton kernels' own tests put their tensors: the GPU where there is one, else the CPU (the interpreter).
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
 INTERPRETED = pytest.mark.skipif(torch.cuda.is_available(), reason="a CPU model through Triton's interpreter, unset "
                                  "on a CUDA host (the kernel tests run these kernels on its GPU)")
 

@@ -28,7 +28,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from helpers import INTERPRETED  # noqa: E402
+from helpers import DEV, INTERPRETED  # noqa: E402
 from lib.sample.decode import Decoder  # noqa: E402
 from lib.sample.draw import M32, draw_tokens, gumbel_noise, split_seeds, uniform52  # noqa: E402
 from lib.sample.engine import HFEngine, sample  # noqa: E402
@@ -206,7 +206,7 @@ def test_split_attention_neither_writes_nor_reads_the_partials_of_chunks_past_po
     """Chunks that start after a slot's position are skipped by the split (their partials stay as they were) and
     left out by the combine: partial buffers poisoned with NaN give the clean call's output bit for bit."""
     from lib.sample.decode_triton import SplitAttention
-    S, H, Hkv, D, T, dev = 3, 6, 2, 32, 90, "cuda" if torch.cuda.is_available() else "cpu"
+    S, H, Hkv, D, T, dev = 3, 6, 2, 32, 90, DEV
     g = torch.Generator().manual_seed(2)
     kc, vc = (torch.randn(S, Hkv, T, D, generator=g).to(dev) for _ in range(2))
     q, k, v = (torch.randn(S, h, D, generator=g).to(dev) for h in (H, Hkv, Hkv))

@@ -15,12 +15,12 @@ import sys
 import pytest
 import torch
 
+from helpers import DEV
 from lib.sample.completion import stop_ids
 from lib.sample.draw import draw_tokens, gumbel_noise, mix32, nucleus, split_seeds, topk_two_stage
 from lib.sample.engine import HFEngine, load_engine, sample
 
 MAX_NEW = 12
-DEV = "cuda" if torch.cuda.is_available() else "cpu"      # the Triton kernels' tests: on the GPU where there is one
 
 
 # --- the tiny world ---

@@ -11,9 +11,8 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from helpers import DEV  # noqa: E402
 from lib.sample.skinny_gemm import defaults, linear, skinny_partials, tiling  # noqa: E402
-
-DEV = "cuda" if torch.cuda.is_available() else "cpu"      # the kernel on the GPU where there is one
 
 
 @pytest.mark.parametrize("M,N,K,t", [(5, 48, 40, "n16k16s2w4"), (3, 20, 33, "n16k32s3w4"),

@@ -14,13 +14,12 @@ if not torch.cuda.is_available():
 
 import importlib.util  # noqa: E402
 
-from helpers import REPO  # noqa: E402
+from helpers import DEV, REPO  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("swiglu_gemm_bench", REPO / "bench" / "swiglu_gemm.py")
 _mod = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_mod)
 swiglu, swiglu_gemm, tiling = _mod.swiglu, _mod.swiglu_gemm, _mod.tiling
-DEV = "cuda" if torch.cuda.is_available() else "cpu"      # the kernel on the GPU where there is one
 
 
 def reference(x, wg, wu):
