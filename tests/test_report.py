@@ -1259,9 +1259,11 @@ def write_train(run_dir: Path, name: str, args: dict, n_steps: int, onset: int, 
         atomic_write_json(t / "resume" / "loop_state.json", {"step": n_steps, "kl_coef": 2.0, "args": args})
 
 
-# run name → (seed, settings that differ from the raw condition, steps logged, checkpoints, evaluated step, how it ended)
+# run name → (seed, settings that differ from the raw condition, steps logged, checkpoints, evaluated step,
+# how it ended); raw-twin repeats raw's condition and seed (only its run name and folder differ): a duplicate, never pooled
 COND_RUNS = {"raw": (42, {}, 40, (20, 40), 40, "finished"), "raw-seed1": (1, {}, 40, (20, 40), 40, "finished"),
              "raw-seed2": (2, {"time_limit": 900.0}, 20, (20,), 20, "time_limit"),
+             "raw-twin": (42, {}, 40, (20, 40), 40, "finished"),
              "neutral": (42, {"eos_policy": "neutral"}, 40, (20, 40), 40, "finished"),
              "stop": (42, {"stop_on_collapse": True}, 28, (20, 28), 28, "collapse")}
 
@@ -1280,14 +1282,16 @@ def make_conditions_campaign(run_dir: Path) -> Path:
 
 
 def check_condition_campaign(run_dir: Path):
-    """The three conditions of COND_RUNS, each pooled over its own seeds only, with the budget-stopped seed counted."""
+    """The three conditions of COND_RUNS, each pooled over its own seeds only, with the budget-stopped seed counted and
+    the duplicate seed (raw-twin) left out and named."""
     check_conditions(run_dir)
     check_summary(run_dir)
     check_snapshots(run_dir)
     check_roster(run_dir)
     SG = read_json(run_dir / "stats" / "student_gains.json")
     C = read_json(run_dir / "stats" / "conditions.json")
-    assert sorted(sorted(c["runs"]) for c in C["conditions"]) == [["neutral"], ["raw", "raw-seed1", "raw-seed2"], ["stop"]]
+    assert sorted(sorted(c["runs"]) for c in C["conditions"]) == [
+        ["neutral"], ["raw", "raw-seed1", "raw-seed2", "raw-twin"], ["stop"]]
     E = {tuple(sorted(g["run"] for g in e["per_seed"])): e for e in SG["by_condition"]}
     assert sorted(E) == [("neutral",), ("raw", "raw-seed1", "raw-seed2"), ("stop",)]
     assert E[("neutral",)]["condition"] == "delta-topk+eos-policy=neutral+no-stop-on-collapse"
@@ -1311,8 +1315,15 @@ def check_condition_campaign(run_dir: Path):
     assert R["train/raw-seed2"]["status"] == "found" and R["train/raw-seed2 steps 21–40"]["status"] == "pending"
     assert R["train/stop steps 29–40"]["status"] == "canceled" and "--stop-on-collapse" in R["train/stop steps 29–40"]["reason"]
     assert R["evals/raw-seed2-step20/toy/sample4"]["status"] == "found"
+    twin = R["train/raw-twin"]
+    assert twin["status"] == "skipped" and "same condition and seed as train/raw," in twin["reason"]
+    assert R["evals/raw-twin-step40/toy/sample4"]["status"] == "skipped"
     rows = {x["condition"]: x for x in C["summary"]}
-    assert rows[raw["condition"]]["onset_steps"] == [28, 28, None] and rows[raw["condition"]]["runaway_steps"] == [25, 25, None]
+    # the summary's collapse watch lists every run of the condition, the duplicate too (it trained; only the gain
+    # leaves it out)
+    assert rows[raw["condition"]]["runs"] == ["raw", "raw-seed1", "raw-seed2", "raw-twin"]
+    assert rows[raw["condition"]]["onset_steps"] == [28, 28, None, 28]
+    assert rows[raw["condition"]]["runaway_steps"] == [25, 25, None, 25]
 
 
 @pytest.fixture(scope="module")
@@ -1333,6 +1344,9 @@ def test_runs_of_one_reward_with_other_settings_are_never_pooled(condition_campa
 CONDITION_MUTANTS = {    # name: (old, new) in 05_stats.py; check_condition_campaign must fail on each
     "seeds pooled across settings": ('"settings": run_settings(r["settings"])}', '"settings": {"reward": r["reward"]}}'),
     "budget-stopped runs left pending": ("+ [load_stopped_run(run_dir, d)\n", "+ [] and [load_stopped_run(run_dir, d)\n"),
+    "a duplicate seed pooled": ('g["latest"] and g["run"] not in duplicate_of\n', 'g["latest"]\n'),
+    "a duplicate seed reported found": ('("training run", "skipped", f"condition {cond}',
+                                        '("training run", "found", f"condition {cond}'),
 }
 
 
