@@ -238,11 +238,14 @@ def test_reference_values_and_gradients_are_each_segments_own_to_the_bit(heads, 
 
 
 def test_varlen_cpu_bench_compares_like_with_like(tmp_path):
-    """bench/varlen_cpu.py times the fallback against one batched SDPA call: its batched variant must compute the
-    same attention (output and gradients) as the reference it is timed against, or its ratio means nothing."""
+    """bench/varlen_cpu.py times the fallback against one batched SDPA call and one call per segment shape: each
+    variant must compute the same attention (output and gradients) as the reference it is timed against, or its ratio
+    means nothing."""
     out = tmp_path / "v.json"
     p = subprocess.run([sys.executable, "bench/varlen_cpu.py", "--prompts", "3", "--repeats", "1", "--out", str(out)],
                        cwd=REPO, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
     row = json.loads(out.read_text())
-    assert row["segments"] == 3 * 5 and row["max_abs_diff"] < 1e-4
+    diff = row["max_abs_diff"]
+    assert row["segments"] == 3 * 5 and diff["per segment (varlen.reference)"] == 0
+    assert 0 <= diff["one batched call"] < 1e-4 and 0 <= diff["one call per segment shape"] < 1e-4
