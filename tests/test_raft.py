@@ -161,6 +161,19 @@ def test_time_limit_stops_between_batches_and_the_rerun_continues(tmp_path):
     assert rows == full and len(calls) == len(set(calls)) == 20      # continued: nothing drawn twice
 
 
+def test_a_changed_chunk_count_and_a_misordered_draw_are_refused(tmp_path):
+    items = [{"i": i, "id": f"p{i:02d}", "level": 1} for i in range(8)]
+    raft.rejection_sample(items, fake_draw([]), tmp_path / "four", batch_prompts=3, log=None)
+    with pytest.raises(ValueError, match=r"prompts \[4\] of another chunk: the chunk count changed"):
+        raft.rejection_sample(items, fake_draw([]), tmp_path / "four", n_chunks=3, batch_prompts=3, log=None)
+
+    def swapped(batch):                       # the right rows, two of them out of order
+        rows = fake_draw([])(batch)
+        return rows[1:2] + rows[:1] + rows[2:]
+    with pytest.raises(RuntimeError, match="one row per item, in order"):
+        raft.rejection_sample(items, swapped, tmp_path / "swapped", batch_prompts=3, log=None)
+
+
 def test_corrupt_middle_line_is_refused(tmp_path):
     p = tmp_path / "chunk_0.jsonl"
     p.write_text('{"i": 0, "id": "a"}\nnot json\n{"i": 4, "id": "b"}\n')
@@ -201,6 +214,21 @@ def test_split_and_checkpoint_steps():
     assert raft.split(3, 0.05, 0)[1] != [] and len(raft.split(2, 0.9, 0)[0]) == 1
     assert raft.checkpoint_steps(124) == {"025": 31, "050": 62, "075": 93, "100": 124}
     assert raft.checkpoint_steps(1) == {"025": 1, "050": 1, "075": 1, "100": 1}
+    assert raft.checkpoint_steps(7) == {"025": 2, "050": 4, "075": 5, "100": 7}      # 1.75, 3.5, 5.25: rounded
+
+
+def test_weight_change_by_hand(tmp_path):
+    from safetensors.torch import save_file
+    pre, post = tmp_path / "pre", tmp_path / "post"
+    pre.mkdir(), post.mkdir()
+    save_file({"a": torch.tensor([1.0, 2.0, 3.0]), "b": torch.tensor([[0.5, 0.5]])}, pre / "model.safetensors")
+    save_file({"a": torch.tensor([1.0, 2.0, 3.0])}, post / "model-00001.safetensors")     # sharded differently
+    save_file({"b": torch.tensor([[0.5, -1.5]])}, post / "model-00002.safetensors")
+    w = raft.weight_change(pre, post)
+    assert w == {"l2": pytest.approx(2.0), "frac_changed": 0.2, "max_abs": 2.0, "n_params": 5}
+    save_file({"c": torch.tensor([0.5, 0.5])}, post / "model-00002.safetensors")
+    with pytest.raises(ValueError, match="hold different tensors"):
+        raft.weight_change(pre, post)
 
 
 def test_shift_probe_reference():
