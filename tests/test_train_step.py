@@ -211,6 +211,8 @@ def test_micro_batch_plan_by_token_budget():
     assert all(len(g) * max(lengths[i] for i in g) <= 150 for g in got if len(g) > 1)
     even = plan(lengths, 3, max_tokens=150, n_micro=6)                            # another rank planned 6
     assert even == [[5], [1], [3], [2], [6], [0, 4]]                              # the most-padded split first
+    # one split only: the group of 3 × 45 = 135 token slots goes before the pair of 2 × 60 = 120
+    assert plan(lengths, 3, max_tokens=150, n_micro=5) == [[5], [1], [3, 2], [6], [0, 4]]
     with pytest.raises(ValueError, match="micro-batches"):
         plan(lengths, 3, max_tokens=150, n_micro=8)
 
