@@ -166,6 +166,37 @@ def test_nucleus_keeps_exactly_the_reference_set():
         assert {int(i) for i, v in zip(idx[b], zk[b]) if v > float("-inf")} == ref
 
 
+def test_nucleus_boundary_and_inverse_cdf_by_hand():
+    """Where the mass ranked above a token equals p exactly, the token is outside the nucleus (mass above < p); the
+    inverse CDF picks the first entry whose cumulative mass EXCEEDS u · (nucleus mass), and u · mass rounded up to the
+    mass itself stays inside the nucleus. Four equal probabilities of 1/4 make every sum exact in binary."""
+    from lib.sample.draw import _inverse_cdf
+    idx, zk = nucleus(torch.zeros(1, 4), 0.5)
+    assert (zk > float("-inf")).sum().item() == 2                   # mass above: 0, 1/4 kept; 1/2 = p is not
+    p = torch.full((3, 4), 0.25)
+    n_keep, u = torch.tensor([4, 4, 2]), torch.tensor([0.5, 0.8, 1.0], dtype=torch.float64)
+    # u · mass = 0.5 (= the 2nd cumulative sum: the next entry), 0.8 (the 4th), 0.5 with a nucleus of 2 (its last)
+    assert _inverse_cdf(p, n_keep, u, blocked=False).tolist() == [2, 3, 1]
+
+
+def test_blocked_inverse_cdf_is_the_plain_search():
+    """The two-level search (the fast draw's default on CUDA) = the one-level search, on sums exact in binary (every
+    probability a multiple of 1/64), with nuclei ending inside a block, at a block's edge and in the padded last one."""
+    from lib.sample.draw import _inverse_cdf, _inverse_cdf_blocked
+    g = torch.Generator().manual_seed(0)
+    B, K = 64, 37
+    p = torch.randint(0, 4, (B, K), generator=g).float()
+    p[:, 0] += 1                                                    # every nucleus has mass
+    p /= 64
+    n_keep = torch.randint(1, K + 1, (B,), generator=g)
+    n_keep[:4] = torch.tensor([8, 16, 36, 37])
+    u = torch.randint(1, 64, (B,), generator=g).double() / 64      # many u · mass on a cumulative sum exactly
+    plain = _inverse_cdf(p, n_keep, u, blocked=False)
+    assert torch.equal(_inverse_cdf_blocked(p, n_keep, u, blk=8), plain)
+    assert torch.equal(_inverse_cdf(p, n_keep, u, blocked=True), _inverse_cdf_blocked(p, n_keep, u))
+    assert (plain < n_keep).all()
+
+
 @pytest.mark.parametrize("B,V,k,chunk", [(3, 5000, 16, 1024), (2, 1030, 16, 1024), (5, 2049, 4, 1024),
                                          (4, 100, 16, 1024), (3, 3000, 8, 7), (2, 4096, 16, 1024)])
 def test_two_stage_topk_is_torch_topk(B, V, k, chunk):
