@@ -97,6 +97,42 @@ def test_swapped_ordinary_ids_fail_and_are_named():
     assert any("2 ordinary ids" in r for r in rep["reasons"])
 
 
+@pytest.mark.parametrize("odd", ["pi_pre", "pi_post"])
+def test_every_tokenizer_is_compared_not_only_the_last(odd):
+    """The gate compares each tokenizer with the student's, wherever the odd one stands: its swapped ids, its
+    different tokenisation, its lossy round trip and its pipeline hash are each found in second place as in third."""
+    from tokenizers import normalizers
+    a = tiny_tokenizer(["ab", "cd", "ef"])
+    b = tiny_tokenizer(["ab", "ef", "cd"])                     # ids 257 and 258 swapped
+    rep = checks.compare_tokenizers({"student": a, "pi_pre": a, "pi_post": a} | {odd: b}, None, ["abcdef", "x y"])
+    assert rep["status"] == "FAIL" and rep["ordinary"]["mismatch_ids"] == [257, 258]
+    assert rep["roundtrip"]["n_ids_differ"] == 1
+    assert any("pipelines" in w for w in rep["warnings"])
+    lower = tiny_tokenizer(["ab", "cd", "ef"])
+    lower.backend_tokenizer.normalizer = normalizers.Lowercase()          # "Ab" comes back as "ab"
+    rep = checks.compare_tokenizers({"student": a, "pi_pre": a, "pi_post": a} | {odd: lower}, None, ["Ab", "ab"])
+    assert rep["status"] == "FAIL" and rep["roundtrip"]["n_lossy"] == 1
+    assert rep["roundtrip"]["lossy"][0]["tokenizer"] == odd
+
+
+def test_an_id_special_in_one_tokenizer_only_is_listed():
+    """Id 256 is the merged token "ab" in one tokenizer and the same string added as a token in the other: the same
+    string, special in one only, so it is listed among the special ids that differ (a warning, not a failure)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    a = tiny_tokenizer(["ab"])
+    table = {b: c for c, b in checks._byte_decoder().items()}
+    tk = Tokenizer(models.BPE({table[b]: b for b in range(256)}, []))
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    tk.add_tokens(["ab"])                                                   # id 256, an added token
+    c = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<eos>")   # id 257, as in a
+    assert a.convert_ids_to_tokens(256) == c.convert_ids_to_tokens(256) == "ab"
+    rep = checks.compare_tokenizers({"student": a, "pi_pre": a, "pi_post": c}, None, ["ab ab"])
+    assert rep["special_diff_ids"] == [256]
+    assert rep["special_diffs"][0]["special"] == {"student": False, "pi_pre": False, "pi_post": True}
+
+
 def test_special_strings_and_embedding_rows():
     a = tiny_tokenizer(["ab"], ("<eos>", "<a>"))
     b = tiny_tokenizer(["ab"], ("<eos>", "<b>"))
@@ -106,6 +142,7 @@ def test_special_strings_and_embedding_rows():
     assert rep["special_diffs"][0]["strings"] == {"student": "<a>", "pi_pre": "<a>", "pi_post": "<b>"}
     assert rep["status"] == "FAIL" and any("no embedding row" in r for r in rep["reasons"])     # 259 > 258 rows
     assert any("student: config.vocab_size 300 > len(tokenizer) 259" in w for w in rep["warnings"])
+    assert sum("embedding padding" in w for w in rep["warnings"]) == 1      # pi_pre's rows equal its tokenizer: fine
 
 
 def test_roundtrip_strings_are_nfc_and_mixed():
@@ -146,6 +183,7 @@ def test_context_gate_with_the_source_reports_numbers():
     row = dict(model="qwen2.5-math-1.5b", benchmark="math500", protocol="sample4", longest_prompt=871,
                longest_id="x", max_position_embeddings=4096)
     assert checks.context_check([dict(row, max_new_tokens=3_200)])["status"] == "PASS"          # 871 + 3200 ≤ 4096
+    assert checks.context_check([dict(row, max_new_tokens=3_225)])["status"] == "PASS"          # exactly 4096
     bad = checks.context_check([dict(row, max_new_tokens=3_584)])                             # the original cap
     assert bad["status"] == "FAIL" and bad["rows"][0]["needed"] == 4455
     assert "4455 > max_position_embeddings 4096" in bad["reasons"][0] and "to 3225" in bad["reasons"][0]
