@@ -308,6 +308,44 @@ def test_summary_by_hand():
     assert st["auroc"]["raw"] == 1.0 and (st["auroc"]["n_correct"], st["auroc"]["n_wrong"]) == (1, 1)
 
 
+def test_anatomy_boundaries_by_hand():
+    """A tie is |Δ| < tie_tol, a decided token |Δ| ≥ tie_tol; the stop rate counts every stop, after an answer or not;
+    the gate fails strictly below each threshold (a value equal to it passes) and on any non-finite Δ."""
+    seqs = [seq([0.5, -0.5, 0.25, 0.0]), seq([0.25], answer_end=False), seq([1.0], stopped=False, answer_end=False)]
+    st = anatomy.summarise(seqs, n_resamples=10, tie_tol=0.25)
+    assert st["tie_frac"] == pytest.approx(1 / 6)                    # only 0.0; the two 0.25s are decided …
+    assert st["pos_frac_decided"] == pytest.approx(4 / 5)            # … and positive: 0.5, 0.25, 0.25, 1.0 of five
+    assert st["stop_rate"] == pytest.approx(2 / 3) and st["stop"] == {"n": 2, "mean_delta": 0.125, "pos_frac": 0.5}
+    at = {"n_sequences": 2, "non_finite_tokens": 0, "stop": {"n": 2, "mean_delta": -0.5}, "abs_mean_delta": 0.25,
+          "pos_frac": 0.5, "pos_frac_decided": 0.5, "tie_tol": 1e-3, "token_mean_delta": 0.0,
+          "logp_stop_at_answer_end": {"n": 2, "student": -0.1, "pi_pre": -0.2, "pi_post": -0.3}}
+    assert anatomy.anatomy_gate(at, min_stop_delta=-0.5, min_abs_delta=0.25, min_pos_frac=0.5) == []
+    below = lambda x: np.nextafter(x, -np.inf)                        # noqa: E731
+    for key, why in (("stop", "terminal stop token"), ("abs_mean_delta", "shift magnitude"),
+                     ("pos_frac_decided", "have Δ > 0")):
+        worse = at | ({"stop": {"n": 2, "mean_delta": below(-0.5)}} if key == "stop" else {key: below(at[key])})
+        reasons = anatomy.anatomy_gate(worse, min_stop_delta=-0.5, min_abs_delta=0.25, min_pos_frac=0.5)
+        assert len(reasons) == 1 and why in reasons[0], (key, reasons)
+    reasons = anatomy.anatomy_gate(at | {"non_finite_tokens": 3}, -0.5, 0.25, 0.5)
+    assert len(reasons) == 1 and reasons[0].startswith("3 tokens have a non-finite Δ")
+
+
+def test_pair_sequences_by_hand():
+    """The cross-pair anatomy's per-sequence input: Δ = log π_post − log π_pre per token; an answer end is a stop
+    after an extracted answer; log p(stop) is each model's own, read at the last token of a stopped sequence only."""
+    rollouts = [{"index": 0, "finish_reason": "stop", "extractor": "answer_line", "correct": True, "token_ids": [1, 2]},
+                {"index": 1, "finish_reason": "length", "extractor": "none", "correct": False, "token_ids": [3]},
+                {"index": 2, "finish_reason": "stop", "extractor": "none", "correct": None, "token_ids": [4, 5]}]
+    lp = {"post": [[-0.125, -0.25], [-1.0], [-0.5, -0.25]], "pre": [[-0.25, -0.75], [-0.5], [-0.5, -1.0]],
+          "stu": [[-0.5, -0.0625], [-2.0], [-0.75, -0.125]]}
+    s = anatomy.pair_sequences(rollouts, lp, pre="pre", post="post", student="stu")
+    assert [x["delta"].tolist() for x in s] == [[0.125, 0.5], [-0.5], [0.0, 0.75]]
+    assert [(x["stopped"], x["answer_end"], x["n_tokens"], x["correct"]) for x in s] == [
+        (True, True, 2, True), (False, False, 1, False), (True, False, 2, None)]
+    assert s[0]["lp_stop"] == {"student": -0.0625, "pi_pre": -0.75, "pi_post": -0.25} and s[1]["lp_stop"] is None
+    assert s[2]["lp_stop"] == {"student": -0.125, "pi_pre": -1.0, "pi_post": -0.25}
+
+
 def test_anatomy_gate_fails_an_off_support_pair_with_the_numbers():
     lp = {"student": -0.01, "pi_pre": -0.5, "pi_post": -60.0}
     seqs = [seq([0.2, 0.1, -59.5], lp=lp, correct=True), seq([0.3, -0.1, -59.5], lp=lp, correct=False)]
