@@ -333,7 +333,8 @@ def test_anatomy_boundaries_by_hand():
 def test_pair_sequences_by_hand():
     """The cross-pair anatomy's per-sequence input: Δ = log π_post − log π_pre per token; an answer end is a stop
     after an extracted answer; log p(stop) is each model's own, read at the last token of a stopped sequence only."""
-    rollouts = [{"index": 0, "finish_reason": "stop", "extractor": "answer_line", "correct": True, "token_ids": [1, 2]},
+    rollouts = [{"index": 0, "finish_reason": "stop", "extractor": "answer_line", "correct": True,
+                 "token_ids": [1, 2]},
                 {"index": 1, "finish_reason": "length", "extractor": "none", "correct": False, "token_ids": [3]},
                 {"index": 2, "finish_reason": "stop", "extractor": "none", "correct": None, "token_ids": [4, 5]}]
     lp = {"post": [[-0.125, -0.25], [-1.0], [-0.5, -0.25]], "pre": [[-0.25, -0.75], [-0.5], [-0.5, -1.0]],
