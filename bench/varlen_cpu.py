@@ -119,7 +119,8 @@ def micro_batch(prompts: int, rollouts: int, heads: int, kv_heads: int, dim: int
     for p in P:
         for _ in range(rollouts):
             ps.append(p)
-            rs.append(torch.randint(5, 300, (int(torch.randint(responses[0], responses[1] + 1, (1,), generator=g)),), generator=g).tolist())
+            n = int(torch.randint(responses[0], responses[1] + 1, (1,), generator=g))
+            rs.append(torch.randint(5, 300, (n,), generator=g).tolist())
     batch = pack_shared(ps, rs)
     T = batch.input_ids_BT.shape[1]
     q = torch.randn(T, heads, dim, generator=g)
