@@ -3,6 +3,9 @@
 import hashlib
 import json
 import os
+import subprocess
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -52,6 +55,81 @@ def test_manifest_hashes_and_detects_corruption(tmp_path):
         A.verify_dir(tmp_path)
 
 
+
+def test_manifest_lists_nested_outputs_and_names_what_it_refuses(tmp_path):
+    out = tmp_path / "stage"
+    (out / "model" / "shards").mkdir(parents=True)
+    (out / "model" / "config.json").write_text("{}")
+    (out / "model" / "shards" / "w.bin").write_bytes(b"\x02")                  # two folders deep
+    started, _ = A.wall_clock()
+    A.write_manifest(out, stage="test", script=__file__, args={}, inputs={"folder": out / "model"},
+                     outputs=["model"], started=started, wall_s=0.0)
+    m = A.verify_dir(out)
+    assert sorted(m["outputs"]) == ["model/config.json", "model/shards/w.bin"]
+    assert m["inputs"]["folder"]["sha256"] == A.sha256_tree(out / "model")       # a folder input: its tree hash
+    # the lib hash covers the package's sources, not an empty match
+    assert m["code"]["lib_sha256"] == A.sha256_tree(A.REPO / "lib", "*.py") != hashlib.sha256().hexdigest()
+    with pytest.raises(A.ArtifactError, match=r"stage/notes\.txt is not listed in .*manifest\.json"):
+        A.verify_dir(out, ["notes.txt"])
+    A.atomic_write_json(out / "manifest.json", {"written_by": "something else"})
+    with pytest.raises(A.ArtifactError, match=r"is not a manifest \(no stage name or outputs table\)"):
+        A.verify_dir(out)
+
+
+def test_tree_hash_covers_names_and_skips_bytecode(tmp_path):
+    (tmp_path / "a.py").write_text("x = 1\n")
+    (tmp_path / "b.py").write_text("y = 2\n")
+    h = A.sha256_tree(tmp_path)
+    (tmp_path / "__pycache__").mkdir()
+    (tmp_path / "__pycache__" / "a.cpython-311.pyc").write_bytes(b"\x00")     # bytecode is no part of the code
+    assert A.sha256_tree(tmp_path) == h
+    (tmp_path / "b.py").rename(tmp_path / "c.py")                             # same bytes, another name
+    assert A.sha256_tree(tmp_path) != h
+
+
+def test_json_spelling_is_sorted_and_failed_writes_leave_nothing(tmp_path, monkeypatch):
+    assert A.dumps_json({"b": 1, "a": {"d": 2, "c": 3}}) == '{\n  "a": {\n    "c": 3,\n    "d": 2\n  },\n  "b": 1\n}\n'
+    p = tmp_path / "x.json"
+    A.atomic_write_json(p, {"a": 1})
+
+    def full_disk(src, dst):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(A.os, "replace", full_disk)        # the bytes are written, the rename fails
+    with pytest.raises(OSError):
+        A.atomic_write_json(p, {"a": 2})
+    assert [q.name for q in tmp_path.iterdir()] == ["x.json"] and json.loads(p.read_text()) == {"a": 1}
+
+
+def test_git_commit_marks_a_changed_checkout_dirty(tmp_path, monkeypatch):
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / "f.txt").write_text("a")
+    subprocess.run(git + ["add", "f.txt"], check=True)
+    subprocess.run(git + ["commit", "-q", "-m", "c"], check=True)
+    monkeypatch.setattr(A, "REPO", tmp_path)
+    head = subprocess.run(git + ["rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert A.git_commit() == head
+    (tmp_path / "f.txt").write_text("b")
+    assert A.git_commit() == head + "-dirty"
+
+
+def test_private_files_get_the_modes_of_ordinary_ones(tmp_path):
+    old = os.umask(0o022)
+    try:
+        folder = Path(tempfile.mkdtemp(dir=tmp_path))                     # 0700, as mkdtemp makes it
+        (folder / "w.safetensors").write_bytes(b"\x00")
+        os.chmod(folder / "w.safetensors", 0o600)                         # as safetensors writes it
+        A.follow_umask(folder)
+        assert (os.stat(folder).st_mode & 0o777, os.stat(folder / "w.safetensors").st_mode & 0o777) == (0o755, 0o644)
+        os.chmod(folder / "w.safetensors", 0)                             # no bit at all is widened too
+        A.follow_umask(folder)
+        assert os.stat(folder / "w.safetensors").st_mode & 0o777 == 0o644
+        os.chmod(folder / "w.safetensors", 0o600)
+        A.umask_mode(folder / "w.safetensors")
+        assert os.stat(folder / "w.safetensors").st_mode & 0o777 == 0o644
+    finally:
+        os.umask(old)
+
 def test_read_jsonl_names_the_corrupt_line(tmp_path):
     p = tmp_path / "a.jsonl"
     p.write_text('{"a": 1}\n{"a": \n')
@@ -72,6 +150,11 @@ def test_evenly_spaced_and_stable_seed():
     assert data.evenly_spaced([1, 2], None) == [1, 2]
     assert data.stable_seed("a", 1) == data.stable_seed("a", 1) != data.stable_seed("a", 2)
     assert 0 <= data.stable_seed("x") < 2**63
+    # the rule every sample and rollout seed depends on, on every machine: sha256 of the parts joined by NUL, its
+    # first 8 bytes little-endian, the top bit cleared; so ("a1") and ("a", 1) are different seeds
+    digest = hashlib.sha256(b"problem-7\x003\x00pass").digest()
+    assert data.stable_seed("problem-7", 3, "pass") == int.from_bytes(digest[:8], "little") & (2**63 - 1)
+    assert data.stable_seed("a1") != data.stable_seed("a", 1)
 
 
 @pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o002, 0o664), (0o077, 0o600)])

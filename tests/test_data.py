@@ -202,3 +202,25 @@ def test_real_qwen_tokenizer_turns_the_text_into_special_ids_and_the_check_names
     assert data.special_text(tok, "Use <tool_call> here") == "<tool_call>"       # not ChatML-shaped, still a token
     assert data.special_text(tok, "If |x| < 3, <x, y> and <|x|>") is None
     assert data.special_text(tok, "What is 2+3?") is None
+
+
+class TemplateTokenizer:
+    """A stand-in whose template closes the turn with an end-of-sequence mark when no generation prompt follows (so
+    one rendering is not a prefix of the other), and whose tokenizer prepends BOS id 1 unless told not to: the two
+    cases prompt rendering must not get wrong."""
+    chat_template = "(stand-in)"
+
+    def apply_chat_template(self, msgs, tokenize=False, add_generation_prompt=False):
+        turn = f"<u>{msgs[0]['content']}</u>"
+        return turn + ("\n<a>" if add_generation_prompt else "<eos>")
+
+    def __call__(self, text, add_special_tokens=True):
+        return {"input_ids": ([1] if add_special_tokens else []) + [ord(c) for c in text]}
+
+
+def test_the_header_is_what_the_generation_prompt_adds_and_no_bos_is_added_twice():
+    tok = TemplateTokenizer()
+    # without a generation prompt the turn ends "<eos>", with one "\n<a>": the header starts where the two part
+    assert data.assistant_header(tok) == "\n<a>"
+    ids = data.prompt_ids(tok, "1+1?")
+    assert ids == [ord(c) for c in data.render_chat(tok, data.dapo_prompt("1+1?"))]       # the template's ids only

@@ -11,7 +11,7 @@ import pytest
 
 from helpers import run_script
 from lib import benchmarks, models
-from lib.artifacts import read_json, read_jsonl, sha256_bytes, verify_dir, write_manifest
+from lib.artifacts import ArtifactError, read_json, read_jsonl, sha256_bytes, verify_dir, write_manifest
 from lib.toy import builder
 from lib.toy.task import extract_int
 
@@ -30,6 +30,23 @@ def world():
 def unit(run_dir, alias, protocol="greedy"):
     return run_dir / "evals" / alias / "toy" / protocol
 
+
+
+def test_a_sample_row_by_hand():
+    """One row of samples.jsonl from its generation and its grade: the pass is the sample's seed, the gold answer and
+    level come from the problem, and first_answer is the answer written first where `extracted` is the last."""
+    from types import SimpleNamespace
+
+    from lib.eval.grading import Grade
+    from lib.eval.units import sample_rows
+    plan = SimpleNamespace(rows=[{"id": "p1", "answer": "3", "level": 2}, {"id": "p2", "answer": "8", "level": 5}])
+    gen = {"problem_id": "p1", "seed": 2, "completion": "Answer: 5\nNo, recount.\nAnswer: 3", "n_tokens": 9,
+           "truncated": False}
+    grade = Grade(True, "3", "answer_line", "math_verify", None, "answer_line")
+    assert sample_rows(plan, [gen], [grade]) == [{
+        "problem_id": "p1", "seed": 2, "pass": 2, "completion": gen["completion"], "n_tokens": 9, "truncated": False,
+        "extractor": "answer_line", "extracted": "3", "correct": True, "verify_method": "math_verify",
+        "grade_reason": None, "decided_by": "answer_line", "level": 2, "answer": "3", "first_answer": "5"}]
 
 def test_unit_contents(world, tmp_path):
     run(f"--run-dir={tmp_path}", "--model=toy-pre", "--benchmark=toy", "--protocol=sample4", "--limit-problems=6")
@@ -70,6 +87,10 @@ def check_numbers_against_rows(scores, rows):
     assert scores["mean_tokens"] == pytest.approx(np.mean([r["n_tokens"] for r in rows]))
     ext = Counter(r["extractor"] for r in rows)
     assert scores["extractor_split"] == pytest.approx({e: ext[e] / len(rows) for e in ("answer_line", "boxed", "none")})
+    trunc = [r for r in rows if r["truncated"]]                      # what the cap cut: graded, and answered at all
+    assert (scores["accuracy_truncated"], scores["extracted_truncated"]) == (pytest.approx(
+        (100 * np.mean([r["correct"] for r in trunc]), np.mean([r["extractor"] != "none" for r in trunc]))) if trunc
+        else (None, None))
     g = scores["grading"]
     assert g["decided_by"] == dict(Counter(r["decided_by"] for r in rows))
     timeouts = [(r["problem_id"], r["seed"]) for r in rows if r["grade_reason"] == "timeout"]
@@ -80,7 +101,7 @@ def check_numbers_against_rows(scores, rows):
 def test_summarize_on_synthetic_rows():
     """The same recomputation on 40 problems of varied accuracy (the toy unit's 6 problems are too coarse for the CI
     percentiles to show; seeds per problem vary so the means are not on a coarse grid), with truncations, both
-    extractors, fallback paths and two timeouts."""
+    extractors and answers none could find, fallback paths and two timeouts."""
     from lib.eval.grading import Grade
     from lib.eval.units import grading_summary, summarize
     rng = np.random.default_rng(0)
@@ -88,7 +109,8 @@ def test_summarize_on_synthetic_rows():
     for p in range(40):
         for seed in range(1 + (p * 5) % 11):
             timeout = (p, seed) in {(3, 1), (17, 0)}
-            g = Grade(bool(rng.random() < p / 40) and not timeout, "1", "boxed" if p % 5 == 0 else "answer_line",
+            extractor = "boxed" if p % 5 == 0 else "none" if p % 6 == 1 else "answer_line"
+            g = Grade(bool(rng.random() < p / 40) and not timeout, "1", extractor,
                       "math_verify", "timeout" if timeout else None, "math_verify_line" if p % 7 == 0 else "answer_line",
                       5.0 if timeout else 0.01, 5.3 if timeout else 0.02)
             grades.append(g)
@@ -230,3 +252,24 @@ def test_the_grader_bound_is_part_of_the_identity_and_the_default_keeps_it(world
     run(*common)
     p = run(*common, "--grade-timeout=7.5", "--skip-if-exists", check=False)     # not reused as the default's unit
     assert p.returncode != 0 and "different configuration (grade_timeout_s differ;" in p.stderr
+
+
+def test_a_checkpoint_folder_is_checked_file_by_file_and_its_unit_named_by_what_it_deviates_in(world, tmp_path):
+    from lib.eval.units import config_sha256, plan_unit, verify_model_folder
+    a = fake_checkpoint(tmp_path / "a")
+    b = fake_checkpoint(tmp_path / "b")
+    # the same model at another path is the same unit: a path is no part of the identity
+    plan_a = plan_unit(tmp_path / "a", str(a), "toy", "greedy", limit_problems=2, max_new_tokens=64)
+    plan_b = plan_unit(tmp_path / "b", str(b), "toy", "greedy", limit_problems=2, max_new_tokens=64)
+    assert config_sha256(plan_a.config) == config_sha256(plan_b.config)
+    assert plan_a.alias == "fake-step1_sub2_cap64" and plan_a.deviations[-1].startswith("max-new-tokens: 64")
+    # a sibling whose name extends this one's (step_000001 and step_0000010) lists its own files, not this one's
+    sibling = a.parent / "step_0000010"
+    shutil.copytree(a, sibling)
+    write_manifest(a.parent, stage="03_opd_train", script=__file__, args={}, inputs={},
+                   outputs=["step_000001", "step_0000010"], started="", wall_s=0.0)
+    assert verify_model_folder(a) == str(a.parent / "manifest.json")
+    gone = next(a.glob("*.safetensors"))
+    gone.unlink()                                                      # a listed file deleted after the seal
+    with pytest.raises(ArtifactError, match=f"{gone.name} has sha256 missing"):
+        verify_model_folder(a)

@@ -64,6 +64,42 @@ def test_settings_diff_lists_each_flag():
     # what a step samples and trains on does not depend on these two (a diagnostic's coverage, vLLM's memory)
     assert runs.settings_diff(saved | {"logprob_gap_every": 4, "vllm_sleep": True},
                               saved | {"logprob_gap_every": 1, "vllm_sleep": False}) == []
+    # the pair's sha256, recorded since a later version: a run that lacks it continues, one that holds it is checked
+    assert runs.settings_diff(saved, saved | {"pair_sha256": "b" * 64}) == []
+    assert runs.settings_diff(saved | {"pair_sha256": "a" * 64}, saved | {"pair_sha256": "b" * 64}) == [
+        f"  --pair-sha256: was {'a' * 64!r}, now {'b' * 64!r}"]
+
+
+
+def test_integrity_records_every_file_and_refuses_a_changed_or_missing_one(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"\x00" * 8)
+    (tmp_path / "loop_state.json").write_text('{"step": 2}')
+    runs.write_integrity(tmp_path)
+    assert sorted(read_json(tmp_path / runs.INTEGRITY)) == ["loop_state.json", "model.safetensors"]
+    runs.verify_files(tmp_path, "the resume state", "delete it")
+    (tmp_path / "loop_state.json").write_text('{"step": 3}')                  # the JSON counts as much as the weights
+    with pytest.raises(SystemExit, match=r"loop_state\.json has sha256 .* the resume state is damaged"):
+        runs.verify_files(tmp_path, "the resume state", "delete it")
+    runs.write_integrity(tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    with pytest.raises(SystemExit, match=r"model\.safetensors is missing from the resume state"):
+        runs.verify_files(tmp_path, "the resume state", "delete it")
+
+def test_a_fresh_restart_clears_the_killed_runs_files_and_a_resume_keeps_its_source(tmp_path):
+    for d in ("step_000002", "step_000002.tmp", "resume.tmp", "resume.old", "tensorboard", "resume"):
+        (tmp_path / d).mkdir()
+    for f in ("metrics.jsonl", "summary.json", "run.lock", "notes.txt"):
+        (tmp_path / f).write_text("x")
+    gone = runs.clear_partial(tmp_path)
+    assert gone == ["metrics.jsonl", "resume.old", "resume.tmp", "step_000002", "step_000002.tmp", "summary.json",
+                    "tensorboard"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "resume", "run.lock"]
+    for d in ("resume.tmp", "resume.old"):
+        (tmp_path / d).mkdir()
+    runs.tidy(tmp_path, tmp_path / "resume.old")        # continuing from resume.old: it stays, resume.tmp goes
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "resume", "resume.old", "run.lock"]
+    runs.tidy(tmp_path, tmp_path / "resume")            # from resume/: the superseded resume.old goes too
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "resume", "run.lock"]
 
 
 def test_budget_predicts_max_of_recent_steps_plus_checkpoint():
@@ -105,6 +141,14 @@ def test_disk_full_is_recognised_through_the_exception_chain(tmp_path):
     assert runs.disk_full(torch_says, tmp_path, need_bytes=free + 2**30)
     assert not runs.disk_full(torch_says, tmp_path, need_bytes=free // 2)
     assert not runs.disk_full(OSError(errno.EACCES, "Permission denied"))
+    assert runs.disk_full(OSError(errno.EDQUOT, "Disk quota exceeded"))      # a quota is a full disk too
+    try:
+        try:
+            raise OSError(errno.ENOSPC, "")
+        except OSError:
+            raise RuntimeError("while saving the checkpoint")                 # no `from`: only __context__ holds it
+    except RuntimeError as e:
+        assert runs.disk_full(e)
 
 
 def test_a_torn_last_metrics_row_is_dropped_a_torn_middle_row_refused(tmp_path):
