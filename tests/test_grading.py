@@ -172,6 +172,8 @@ def test_none_gold_is_an_error_naming_the_item():
         grade_many([("Answer: 1", "1"), ("Answer: None", None)], progress=False)
     with pytest.raises(ValueError, match="gold answer is None"):
         grade("Answer: None", None)
+    with pytest.raises(ValueError, match="gold answer is True, not a string or number"):
+        grade("Answer: True", True)                                 # a JSON boolean is no number (nor "True")
     assert grade("Answer: 7", 7).correct                            # an integer gold (AIME) is its digits
 
 

@@ -249,3 +249,19 @@ def test_varlen_cpu_bench_compares_like_with_like(tmp_path):
     diff = row["max_abs_diff"]
     assert row["segments"] == 3 * 5 and diff["per segment (varlen.reference)"] == 0
     assert 0 <= diff["one batched call"] < 1e-4 and 0 <= diff["one call per segment shape"] < 1e-4
+
+
+def test_what_packed_attention_refuses_is_named():
+    q, kv = torch.zeros(1, 2, 5, 4), torch.zeros(1, 2, 5, 4)
+    packed = {"cu_seq_lens_q": varlen.cu_seqlens([2, 3]), "max_length_q": 3}
+    out, _ = varlen.attention(None, q, kv, kv, None, **packed)
+    assert out.shape == (1, 5, 2, 4)
+    with pytest.raises(ValueError, match="needs a packed batch"):
+        varlen.attention(None, q, kv, kv, None)
+    with pytest.raises(ValueError, match="a packed batch is one row; got 2 rows"):
+        varlen.attention(None, q.expand(2, -1, -1, -1), kv.expand(2, -1, -1, -1), kv.expand(2, -1, -1, -1), None,
+                         **packed)
+    with pytest.raises(ValueError, match="no dropout"):
+        varlen.attention(None, q, kv, kv, None, dropout=0.1, **packed)
+    with pytest.raises(ValueError, match="given without cu_seq_lens_k"):
+        varlen.attention(None, q, kv, kv, None, **packed, **{varlen.KV_INDEX: torch.arange(5)})
