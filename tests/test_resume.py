@@ -85,6 +85,32 @@ def test_integrity_records_every_file_and_refuses_a_changed_or_missing_one(tmp_p
     with pytest.raises(SystemExit, match=r"model\.safetensors is missing from the resume state"):
         runs.verify_files(tmp_path, "the resume state", "delete it")
 
+
+def test_a_finished_run_asked_for_more_steps_continues_from_its_resume_state(tmp_path):
+    """lib/train/checkpoint.decide on a sealed run folder built by hand: the same --steps is finished, one more step
+    continues from resume/, fewer is refused."""
+    from lib.artifacts import atomic_write_json, write_manifest
+    from lib.train import checkpoint
+    settings = {"steps": 2, "lr": 1e-4}
+    state = tmp_path / runs.RESUME
+    state.mkdir()
+    (state / "state.safetensors").write_bytes(b"\x00")
+    atomic_write_json(state / "loop_state.json", {"step": 2, "args": settings})
+    runs.write_integrity(state)
+    write_manifest(tmp_path, stage="03_opd_train", script=__file__, args=settings, inputs={}, outputs=[],
+                   started="", wall_s=0.0)
+    assert checkpoint.decide(tmp_path, settings) == ("finished", None)
+    assert checkpoint.decide(tmp_path, settings | {"steps": 3}) == ("resume", state)
+    with pytest.raises(SystemExit, match="--steps: was 2, now 1"):
+        checkpoint.decide(tmp_path, settings | {"steps": 1})
+    ck = tmp_path / "step_000002"                    # a checkpoint damaged after the seal: found before continuing
+    ck.mkdir()
+    (ck / "model.safetensors").write_bytes(b"\x00")
+    runs.write_integrity(ck)
+    (ck / "model.safetensors").write_bytes(b"\x01")
+    with pytest.raises(SystemExit, match=r"model\.safetensors has sha256 .* checkpoint step_000002 is damaged"):
+        checkpoint.decide(tmp_path, settings | {"steps": 3})
+
 def test_a_fresh_restart_clears_the_killed_runs_files_and_a_resume_keeps_its_source(tmp_path):
     for d in ("step_000002", "step_000002.tmp", "resume.tmp", "resume.old", "tensorboard", "resume"):
         (tmp_path / d).mkdir()
@@ -158,6 +184,9 @@ def test_a_torn_last_metrics_row_is_dropped_a_torn_middle_row_refused(tmp_path):
     assert checkpoint.kept_metrics(tmp_path, 2) == '{"step": 1, "x": 1}\n{"step": 2, "x": 2}\n'
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "x"\n' + rows)
     with pytest.raises(SystemExit, match="metrics.jsonl:1 is not valid JSON and not the last row"):
+        checkpoint.kept_metrics(tmp_path, 2)
+    (tmp_path / "metrics.jsonl").write_text(rows.replace('"x": 2}', '"x"'))    # torn, then one more row
+    with pytest.raises(SystemExit, match="metrics.jsonl:2 is not valid JSON and not the last row"):
         checkpoint.kept_metrics(tmp_path, 2)
 
 
