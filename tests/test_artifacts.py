@@ -55,7 +55,6 @@ def test_manifest_hashes_and_detects_corruption(tmp_path):
         A.verify_dir(tmp_path)
 
 
-
 def test_manifest_lists_nested_outputs_and_names_what_it_refuses(tmp_path):
     out = tmp_path / "stage"
     (out / "model" / "shards").mkdir(parents=True)

@@ -31,7 +31,6 @@ def unit(run_dir, alias, protocol="greedy"):
     return run_dir / "evals" / alias / "toy" / protocol
 
 
-
 def test_a_sample_row_by_hand():
     """One row of samples.jsonl from its generation and its grade: the pass is the sample's seed, the gold answer and
     level come from the problem, and first_answer is the answer written first where `extracted` is the last."""
@@ -47,6 +46,7 @@ def test_a_sample_row_by_hand():
         "problem_id": "p1", "seed": 2, "pass": 2, "completion": gen["completion"], "n_tokens": 9, "truncated": False,
         "extractor": "answer_line", "extracted": "3", "correct": True, "verify_method": "math_verify",
         "grade_reason": None, "decided_by": "answer_line", "level": 2, "answer": "3", "first_answer": "5"}]
+
 
 def test_unit_contents(world, tmp_path):
     run(f"--run-dir={tmp_path}", "--model=toy-pre", "--benchmark=toy", "--protocol=sample4", "--limit-problems=6")

@@ -70,7 +70,6 @@ def test_settings_diff_lists_each_flag():
         f"  --pair-sha256: was {'a' * 64!r}, now {'b' * 64!r}"]
 
 
-
 def test_integrity_records_every_file_and_refuses_a_changed_or_missing_one(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"\x00" * 8)
     (tmp_path / "loop_state.json").write_text('{"step": 2}')
