@@ -100,7 +100,7 @@ def test_json_spelling_is_sorted_and_failed_writes_leave_nothing(tmp_path, monke
 
 
 def test_git_commit_marks_a_changed_checkout_dirty(tmp_path, monkeypatch):
-    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     (tmp_path / "f.txt").write_text("a")
     subprocess.run(git + ["add", "f.txt"], check=True)
